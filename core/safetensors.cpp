@@ -1,0 +1,156 @@
+// safetensors reader and writer (F32 tensors; I32 is read as well, converted to float).
+#include "core/safetensors.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <fstream>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace dptrain::safetensors {
+namespace {
+
+using nlohmann::json;
+
+constexpr uint64_t kMaxHeaderBytes = 100u << 20;  // the reference implementation's limit
+
+void put_u64_le(std::vector<char>& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+uint64_t get_u64_le(const char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
+  return v;
+}
+
+}  // namespace
+
+const Tensor* File::find(const std::string& name) const {
+  for (const NamedTensor& t : tensors)
+    if (t.name == name) return &t.tensor;
+  return nullptr;
+}
+
+std::vector<char> serialize(const std::vector<NamedTensor>& tensors, const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  uint64_t offset = 0;
+  for (const NamedTensor& t : tensors) {
+    DPTRAIN_CHECK(t.name != "__metadata__" && !header.contains(t.name), "safetensors: duplicate or reserved name '",
+                  t.name, "'");
+    const uint64_t bytes = static_cast<uint64_t>(t.tensor.numel()) * sizeof(float);
+    header[t.name] = {{"dtype", "F32"}, {"shape", t.tensor.shape()}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // keeps the data section 8-byte aligned
+
+  std::vector<char> out;
+  out.reserve(8 + text.size() + offset);
+  put_u64_le(out, text.size());
+  out.insert(out.end(), text.begin(), text.end());
+  static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
+  for (const NamedTensor& t : tensors) {
+    const char* p = reinterpret_cast<const char*>(t.tensor.data());
+    out.insert(out.end(), p, p + t.tensor.numel() * sizeof(float));
+  }
+  return out;
+}
+
+File parse(const std::vector<char>& bytes, const std::string& source) {
+  DPTRAIN_CHECK(bytes.size() >= 8, source, ": not a safetensors file: ", bytes.size(),
+                " bytes, shorter than the 8-byte header length");
+  const uint64_t header_len = get_u64_le(bytes.data());
+  DPTRAIN_CHECK(header_len <= kMaxHeaderBytes && header_len <= bytes.size() - 8, source, ": header length ",
+                header_len, " runs past the end of the file (", bytes.size(), " bytes)");
+  json header;
+  try {
+    header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(header_len));
+  } catch (const json::exception& e) {
+    DPTRAIN_FAIL(source, ": header is not valid JSON: ", e.what());
+  }
+  DPTRAIN_CHECK(header.is_object(), source, ": header is not a JSON object");
+  const uint64_t data_begin = 8 + header_len;
+  const uint64_t data_size = bytes.size() - data_begin;
+
+  File file;
+  struct Span {
+    uint64_t begin, end;
+    std::string name;
+  };
+  std::vector<Span> spans;
+  for (auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      DPTRAIN_CHECK(entry.is_object(), source, ": __metadata__ is not an object");
+      for (auto& [key, value] : entry.items()) {
+        DPTRAIN_CHECK(value.is_string(), source, ": __metadata__.", key, " is not a string");
+        file.metadata[key] = value.get<std::string>();
+      }
+      continue;
+    }
+    try {
+      const std::string dtype = entry.at("dtype").get<std::string>();
+      const auto shape = entry.at("shape").get<std::vector<int64_t>>();
+      const auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
+      DPTRAIN_CHECK(dtype == "F32" || dtype == "I32", source, ": tensor '", name, "' has dtype ", dtype,
+                    "; only F32 (and I32) are supported");
+      DPTRAIN_CHECK(offsets.size() == 2 && offsets[0] <= offsets[1] && offsets[1] <= data_size, source,
+                    ": tensor '", name, "' data_offsets out of range (data section is ", data_size, " bytes)");
+      uint64_t numel = 1;
+      for (int64_t d : shape) {
+        DPTRAIN_CHECK(d >= 0 && (d == 0 || numel <= std::numeric_limits<uint32_t>::max() / static_cast<uint64_t>(d)),
+                      source, ": tensor '", name, "' has an invalid shape");
+        numel *= static_cast<uint64_t>(d);
+      }
+      DPTRAIN_CHECK(offsets[1] - offsets[0] == numel * 4, source, ": tensor '", name, "' shape ", shape_str(shape),
+                    " needs ", numel * 4, " bytes but its offsets span ", offsets[1] - offsets[0]);
+      spans.push_back({offsets[0], offsets[1], name});
+      Tensor t = Tensor::empty(shape);
+      const char* src = bytes.data() + data_begin + offsets[0];
+      if (dtype == "F32") {
+        std::memcpy(t.data(), src, numel * 4);
+      } else {
+        for (uint64_t i = 0; i < numel; ++i) {
+          int32_t v;
+          std::memcpy(&v, src + 4 * i, 4);
+          t.data()[i] = static_cast<float>(v);
+        }
+      }
+      file.tensors.push_back({name, std::move(t)});
+    } catch (const json::exception& e) {
+      DPTRAIN_FAIL(source, ": tensor '", name, "' has a malformed entry: ", e.what());
+    }
+  }
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  for (std::size_t i = 1; i < spans.size(); ++i)
+    DPTRAIN_CHECK(spans[i].begin >= spans[i - 1].end, source, ": tensors '", spans[i - 1].name, "' and '",
+                  spans[i].name, "' overlap");
+  // Keep file order (by offset) so writers and readers agree on what "first" means.
+  std::sort(file.tensors.begin(), file.tensors.end(), [&](const NamedTensor& a, const NamedTensor& b) {
+    return header[a.name]["data_offsets"][0].get<uint64_t>() < header[b.name]["data_offsets"][0].get<uint64_t>();
+  });
+  return file;
+}
+
+void save(const std::string& path, const std::vector<NamedTensor>& tensors,
+          const std::map<std::string, std::string>& metadata) {
+  const std::vector<char> bytes = serialize(tensors, metadata);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  DPTRAIN_CHECK(out, path, ": cannot open for writing (does the directory exist and is it writable?)");
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  DPTRAIN_CHECK(out.good(), path, ": write failed (disk full?)");
+}
+
+File load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  DPTRAIN_CHECK(in, path, ": cannot open for reading");
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return parse(bytes, path);
+}
+
+}  // namespace dptrain::safetensors

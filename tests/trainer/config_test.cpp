@@ -1,0 +1,278 @@
+// Strict config parsing: the shipped configs parse; unknown keys, wrong types, out-of-range values
+// and bad choices are errors naming the key path; --set overrides.
+#include <gtest/gtest.h>
+
+#include <initializer_list>
+#include <string>
+
+#include "core/error.h"
+#include "trainer/config.h"
+
+namespace dptrain::trainer {
+namespace {
+
+const std::string kSource = DPTRAIN_SOURCE_DIR;
+
+Json mnist() { return read_json_file(kSource + "/configs/mnist.json"); }
+
+template <typename F>
+void expect_error(F&& f, std::initializer_list<std::string> fragments) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an error mentioning '" << *fragments.begin() << "'";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    for (const std::string& fragment : fragments)
+      EXPECT_NE(message.find(fragment), std::string::npos) << "message lacks '" << fragment << "': " << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << "error messages are one line: " << message;
+  }
+}
+
+void expect_config_error(const Json& json, std::initializer_list<std::string> fragments) {
+  expect_error([&] { parse_config(json); }, fragments);
+}
+
+TEST(ParseConfig, MnistCnn) {
+  const Config c = parse_config(mnist());
+  EXPECT_EQ(c.seed, 42u);
+  EXPECT_EQ(c.output_dir, "runs/mnist");
+  EXPECT_EQ(c.data.dataset, "mnist");
+  EXPECT_EQ(c.data.dir, "data/mnist");
+  EXPECT_EQ(c.data.batch_size, 128);
+  EXPECT_EQ(c.data.eval_batch_size, 1000);  // default
+  EXPECT_TRUE(c.data.shuffle);
+  EXPECT_DOUBLE_EQ(c.data.mean, 0.1307);
+  EXPECT_EQ(c.model.input_shape, (Shape{1, 28, 28}));
+  ASSERT_TRUE(c.model.layers.is_array());
+  EXPECT_EQ(c.model.layers.size(), 10u);
+  EXPECT_EQ(c.model.layers[7]["out_features"], 64);
+  EXPECT_EQ(c.model.loss, "cross_entropy");
+  EXPECT_EQ(c.optimizer.type, "adam");
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.001);
+  EXPECT_EQ(c.optimizer.betas, (std::vector<double>{0.9, 0.999}));
+  EXPECT_EQ(c.training.epochs, 5);
+  EXPECT_EQ(c.training.max_steps, 0);
+}
+
+TEST(ParseConfig, MnistMlp) {
+  const Config c = parse_config(read_json_file(kSource + "/configs/mnist_mlp.json"));
+  EXPECT_EQ(c.output_dir, "runs/mnist_mlp");
+  EXPECT_EQ(c.model.layers.size(), 4u);
+  EXPECT_EQ(c.model.layers[1]["out_features"], 128);
+}
+
+TEST(ParseConfig, DefaultsForAMinimalConfig) {
+  const Config c = parse_config(Json::parse(R"({"model": {"input_shape": [4], "layers": [{"type": "relu"}]}})"));
+  EXPECT_EQ(c.seed, 0u);
+  EXPECT_EQ(c.data.dir, "data/mnist");
+  EXPECT_EQ(c.data.batch_size, 128);
+  EXPECT_EQ(c.optimizer.type, "adam");
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
+  EXPECT_EQ(c.training.epochs, 1);
+  // Type-dependent defaults.
+  Config sgd = parse_config(Json::parse(R"({"model": {"input_shape": [4], "layers": [{"type": "relu"}]},
+                                             "optimizer": {"type": "sgd"}})"));
+  EXPECT_DOUBLE_EQ(sgd.optimizer.lr, 0.01);
+  Config adamw = parse_config(Json::parse(R"({"model": {"input_shape": [4], "layers": [{"type": "relu"}]},
+                                               "optimizer": {"type": "adamw"}})"));
+  EXPECT_DOUBLE_EQ(adamw.optimizer.weight_decay, 1e-2);
+  Config fashion = parse_config(Json::parse(R"({"model": {"input_shape": [4], "layers": [{"type": "relu"}]},
+                                                "data": {"dataset": "fashion_mnist"}})"));
+  EXPECT_EQ(fashion.data.dir, "/usr/share/datasets/fashion-mnist");
+}
+
+TEST(ParseConfig, ResolvedConfigRoundTrips) {
+  const Config c = parse_config(mnist());
+  const Json resolved = to_json(c);
+  EXPECT_EQ(resolved["data"]["eval_batch_size"], 1000);
+  EXPECT_EQ(resolved["optimizer"]["type"], "adam");
+  EXPECT_FALSE(resolved["optimizer"].contains("momentum")) << "adam's resolved form must parse again";
+  const Config again = parse_config(resolved);
+  EXPECT_EQ(to_json(again), resolved);
+  // The same for an SGD config (its own key set).
+  Json sgd = mnist();
+  sgd["optimizer"] = Json::parse(R"({"type": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": true})");
+  const Json sgd_resolved = to_json(parse_config(sgd));
+  EXPECT_EQ(to_json(parse_config(sgd_resolved)), sgd_resolved);
+}
+
+TEST(ConfigErrors, UnknownTopLevelKey) {
+  Json j = mnist();
+  j["sed"] = 1;
+  expect_config_error(j, {"config key sed", "not a known key"});
+}
+
+TEST(ConfigErrors, UnknownNestedKey) {
+  Json j = mnist();
+  j["optimizer"]["lrr"] = 0.1;
+  expect_config_error(j, {"optimizer.lrr", "not a known key"});
+  Json k = mnist();
+  k["data"]["batchsize"] = 64;
+  expect_config_error(k, {"data.batchsize"});
+  Json t = mnist();
+  t["training"]["epoch"] = 3;
+  expect_config_error(t, {"training.epoch"});
+  Json m = mnist();
+  m["model"]["layer"] = Json::array();
+  expect_config_error(m, {"model.layer"});
+}
+
+TEST(ConfigErrors, WrongType) {
+  Json j = mnist();
+  j["data"]["batch_size"] = "128";
+  expect_config_error(j, {"data.batch_size", "expected an integer", "a string"});
+  Json f = mnist();
+  f["data"]["batch_size"] = 128.5;
+  expect_config_error(f, {"data.batch_size", "expected an integer"});
+  Json b = mnist();
+  b["data"]["shuffle"] = "yes";
+  expect_config_error(b, {"data.shuffle", "true or false"});
+  Json l = mnist();
+  l["optimizer"]["lr"] = "fast";
+  expect_config_error(l, {"optimizer.lr", "expected a number"});
+  Json s = mnist();
+  s["model"]["input_shape"] = Json::parse(R"([1, "28", 28])");
+  expect_config_error(s, {"model.input_shape[1]", "expected an integer"});
+  Json o = mnist();
+  o["data"] = 5;
+  expect_config_error(o, {"data", "expected an object"});
+}
+
+TEST(ConfigErrors, OutOfRange) {
+  Json j = mnist();
+  j["data"]["batch_size"] = 0;
+  expect_config_error(j, {"data.batch_size", "out of range"});
+  Json e = mnist();
+  e["training"]["epochs"] = -1;
+  expect_config_error(e, {"training.epochs", "out of range"});
+  Json t = mnist();
+  t["threads"] = 5000;
+  expect_config_error(t, {"threads", "out of range"});
+  Json s = mnist();
+  s["data"]["std"] = 0.0;
+  expect_config_error(s, {"data.std"});
+  Json m = mnist();
+  m["model"]["input_shape"] = Json::parse("[1, 0, 28]");
+  expect_config_error(m, {"model.input_shape"});
+  Json b = mnist();
+  b["optimizer"]["betas"] = Json::parse("[0.9, 1.0]");
+  expect_config_error(b, {"optimizer.betas"});
+}
+
+// Integers that do not fit the field must be rejected, not wrapped into range.
+TEST(ConfigErrors, IntegersOutsideTheFieldTypeAreRejected) {
+  Json seed = mnist();
+  seed["seed"] = -1;  // the seed is unsigned
+  expect_config_error(seed, {"seed"});
+  Json threads = mnist();
+  threads["threads"] = 4294967297LL;  // 2^32 + 1: an int would wrap it to 1
+  expect_config_error(threads, {"threads"});
+  Json batch = mnist();
+  batch["data"]["batch_size"] = 18446744073709551615ULL;  // 2^64 - 1
+  expect_config_error(batch, {"data.batch_size"});
+}
+
+TEST(ConfigErrors, BadChoice) {
+  Json j = mnist();
+  j["optimizer"]["type"] = "rmsprop";
+  expect_config_error(j, {"optimizer.type", "rmsprop", "\"sgd\"", "\"adam\"", "\"adamw\""});
+  Json d = mnist();
+  d["data"]["dataset"] = "cifar10";
+  expect_config_error(d, {"data.dataset", "cifar10"});
+  Json l = mnist();
+  l["model"]["loss"] = "hinge";
+  expect_config_error(l, {"model.loss", "hinge"});
+}
+
+TEST(ConfigErrors, InconsistentOptimizerKeys) {
+  Json j = mnist();
+  j["optimizer"]["momentum"] = 0.9;  // adam
+  expect_config_error(j, {"optimizer.momentum", "sgd"});
+  Json n = mnist();
+  n["optimizer"] = Json::parse(R"({"type": "sgd", "nesterov": true})");
+  expect_config_error(n, {"optimizer.nesterov"});
+}
+
+TEST(ConfigErrors, MissingModel) {
+  Json j = mnist();
+  j.erase("model");
+  expect_config_error(j, {"model", "missing"});
+  Json s = mnist();
+  s["model"].erase("input_shape");
+  expect_config_error(s, {"model.input_shape", "missing"});
+}
+
+TEST(ReadJsonFile, MissingFileAndSyntaxErrorNameTheFile) {
+  expect_error([] { read_json_file(kSource + "/configs/no_such_config.json"); },
+               {"no_such_config.json", "cannot open"});
+  // A file that exists but is not JSON (this test's own CMakeLists).
+  expect_error([] { read_json_file(kSource + "/tests/trainer/CMakeLists.txt"); }, {"CMakeLists.txt", "not valid JSON"});
+}
+
+// ---- apply_override -------------------------------------------------------------------------
+
+TEST(ApplyOverride, SetsNestedValuesAsJson) {
+  Json j = mnist();
+  apply_override(j, "optimizer.lr=0.5");
+  apply_override(j, "training.epochs=3");
+  apply_override(j, "data.shuffle=false");
+  apply_override(j, "model.input_shape=[1,28,28]");
+  apply_override(j, "optimizer.betas=[0.8, 0.9]");
+  EXPECT_EQ(j["optimizer"]["lr"], 0.5);
+  EXPECT_TRUE(j["training"]["epochs"].is_number_integer());
+  const Config c = parse_config(j);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.5);
+  EXPECT_EQ(c.training.epochs, 3);
+  EXPECT_FALSE(c.data.shuffle);
+  EXPECT_EQ(c.optimizer.betas, (std::vector<double>{0.8, 0.9}));
+}
+
+TEST(ApplyOverride, BareWordBecomesAString) {
+  Json j = mnist();
+  apply_override(j, "data.dataset=fashion_mnist");
+  EXPECT_EQ(j["data"]["dataset"], "fashion_mnist");
+  apply_override(j, "output_dir=runs/x-1");
+  EXPECT_EQ(j["output_dir"], "runs/x-1");
+  apply_override(j, "data.dir=\"/tmp/with space\"");
+  EXPECT_EQ(j["data"]["dir"], "/tmp/with space");
+  // A value with '=' in it: only the first '=' separates key and value.
+  apply_override(j, "output_dir=a=b");
+  EXPECT_EQ(j["output_dir"], "a=b");
+  EXPECT_EQ(parse_config(j).data.dataset, "fashion_mnist");
+}
+
+// The optional sections (data, optimizer, training) may be absent from a config; --set must still be
+// able to set a key inside one, e.g. --set training.epochs=2.
+TEST(ApplyOverride, SetsAKeyInAnAbsentOptionalSection) {
+  Json j = Json::parse(R"({"model": {"input_shape": [4], "layers": [{"type": "relu"}]}})");
+  apply_override(j, "training.epochs=2");
+  apply_override(j, "optimizer.type=sgd");
+  EXPECT_EQ(j["training"]["epochs"], 2);
+  const Config c = parse_config(j);
+  EXPECT_EQ(c.training.epochs, 2);
+  EXPECT_EQ(c.optimizer.type, "sgd");
+}
+
+TEST(ApplyOverride, InvalidAssignments) {
+  Json j = mnist();
+  expect_error([&] { apply_override(j, "a.b"); }, {"a.b", "key.path=VALUE"});
+  expect_error([&] { apply_override(j, "=3"); }, {"key.path=VALUE"});
+  expect_error([&] { apply_override(j, "x={"); }, {"x={", "not JSON"});
+  expect_error([&] { apply_override(j, "x=[1,"); }, {"not JSON"});
+  expect_error([&] { apply_override(j, "x=two words"); }, {"not JSON"});
+  expect_error([&] { apply_override(j, "data.batch_size.x=1"); }, {"data.batch_size", "not an object"});
+  EXPECT_EQ(j, mnist()) << "a rejected override must not change the config";
+  expect_error([&] { apply_override(j, "a..b=1"); }, {"empty key"});
+}
+
+TEST(ApplyOverride, NewUnknownKeyIsRejectedByParse) {
+  Json j = mnist();
+  apply_override(j, "optimizer.lrr=1");
+  expect_config_error(j, {"optimizer.lrr", "not a known key"});
+  Json k = mnist();
+  apply_override(k, "data.batch_size=\"x\"");
+  expect_config_error(k, {"data.batch_size", "expected an integer"});
+}
+
+}  // namespace
+}  // namespace dptrain::trainer

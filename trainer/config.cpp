@@ -1,0 +1,206 @@
+// Config parsing, overrides and the resolved form.
+#include "trainer/config.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace dptrain::trainer {
+
+Json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  DPTRAIN_CHECK(in, path, ": cannot open config file");
+  try {
+    return Json::parse(in, nullptr, true, /*ignore_comments=*/true);
+  } catch (const Json::parse_error& e) {
+    DPTRAIN_FAIL(path, ": not valid JSON: ", e.what());
+  }
+}
+
+void apply_override(Json& config, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  DPTRAIN_CHECK(eq != std::string::npos && eq > 0, "bad --set '", assignment, "': expected key.path=VALUE");
+  const std::string path = assignment.substr(0, eq), text = assignment.substr(eq + 1);
+  Json value;
+  try {
+    value = Json::parse(text);
+  } catch (const Json::parse_error&) {
+    const bool bare_word = !text.empty() && text.find_first_of("{}[]\",: ") == std::string::npos;
+    DPTRAIN_CHECK(bare_word, "bad --set '", assignment, "': value is not JSON (quote strings, e.g. ", path,
+                  "='\"text\"')");
+    value = text;
+  }
+  Json* node = &config;
+  std::stringstream keys(path);
+  std::string key, walked;
+  while (std::getline(keys, key, '.')) {
+    DPTRAIN_CHECK(!key.empty(), "bad --set '", assignment, "': empty key in path");
+    DPTRAIN_CHECK(node->is_object(), "bad --set '", assignment, "': ", walked, " is not an object");
+    walked += (walked.empty() ? "" : ".") + key;
+    node = &(*node)[key];
+  }
+  *node = std::move(value);
+}
+
+Config parse_config(const Json& json) {
+  Config c;
+  ObjectReader root(json, "");
+  c.seed = root.get_in_range<uint64_t>("seed", 0, 0, UINT64_MAX);
+  c.output_dir = root.get<std::string>("output_dir", c.output_dir);
+  c.threads = root.get_in_range("threads", 0, 0, 1024);
+
+  if (root.has("data")) {
+    ObjectReader r(root.raw("data"), "data");
+    DataConfig& d = c.data;
+    d.dataset = r.get_choice("dataset", d.dataset, {"mnist", "fashion_mnist", "linear"});
+    d.dir = r.get<std::string>("dir", d.dataset == "mnist" ? "data/mnist" : "/usr/share/datasets/fashion-mnist");
+    d.batch_size = r.get_in_range<int64_t>("batch_size", d.batch_size, 1, 1 << 20);
+    d.eval_batch_size = r.get_in_range<int64_t>("eval_batch_size", d.eval_batch_size, 1, 1 << 20);
+    d.shuffle = r.get<bool>("shuffle", d.shuffle);
+    d.drop_last = r.get<bool>("drop_last", d.drop_last);
+    d.mean = r.get<double>("mean", d.mean);
+    d.std = r.get<double>("std", d.std);
+    DPTRAIN_CHECK(d.std > 0, "config key data.std = ", d.std, " must be > 0");
+    if (r.has("linear")) {
+      DPTRAIN_CHECK(d.dataset == "linear", "config key data.linear applies to data.dataset \"linear\" only");
+      ObjectReader l(r.raw("linear"), "data.linear");
+      d.linear.samples = l.get_in_range<int64_t>("samples", d.linear.samples, 1, 1 << 30);
+      d.linear.test_samples = l.get_in_range<int64_t>("test_samples", d.linear.test_samples, 1, 1 << 30);
+      d.linear.coefficients = l.get<std::vector<double>>("coefficients", d.linear.coefficients);
+      DPTRAIN_CHECK(!d.linear.coefficients.empty(), "config key data.linear.coefficients must not be empty");
+      d.linear.noise = l.get_in_range("noise", d.linear.noise, 0.0, 1e6);
+      l.finish();
+    }
+    r.finish();
+  } else {
+    c.data.dir = "data/mnist";
+  }
+
+  DPTRAIN_CHECK(root.has("model"), "config key model is missing: a model needs input_shape and layers");
+  {
+    ObjectReader r(root.raw("model"), "model");
+    c.model.input_shape = r.require<std::vector<int64_t>>("input_shape");
+    DPTRAIN_CHECK(!c.model.input_shape.empty(), "config key model.input_shape must not be empty");
+    for (int64_t d : c.model.input_shape) DPTRAIN_CHECK(d > 0, "config key model.input_shape: dimensions must be > 0");
+    DPTRAIN_CHECK(r.has("layers"), "config key model.layers is missing");
+    c.model.layers = r.raw("layers");
+    c.model.loss = r.get_choice("loss", c.model.loss, {"cross_entropy", "mse"});
+    c.model.init_from = r.get<std::string>("init_from", "");
+    r.finish();
+  }
+
+  if (root.has("optimizer")) {
+    ObjectReader r(root.raw("optimizer"), "optimizer");
+    OptimizerConfig& o = c.optimizer;
+    o.type = r.get_choice("type", o.type, {"sgd", "adam", "adamw"});
+    o.lr = r.get_in_range("lr", o.type == "sgd" ? 0.01 : 1e-3, 0.0, 1e6);
+    o.momentum = r.get_in_range("momentum", o.momentum, 0.0, 1.0);
+    o.dampening = r.get_in_range("dampening", o.dampening, 0.0, 1.0);
+    o.nesterov = r.get<bool>("nesterov", o.nesterov);
+    o.weight_decay = r.get_in_range("weight_decay", o.type == "adamw" ? 1e-2 : 0.0, 0.0, 1e3);
+    o.betas = r.get<std::vector<double>>("betas", o.betas);
+    DPTRAIN_CHECK(o.betas.size() == 2 && o.betas[0] >= 0 && o.betas[0] < 1 && o.betas[1] >= 0 && o.betas[1] < 1,
+                  "config key optimizer.betas must be two numbers in [0, 1)");
+    o.eps = r.get_in_range("eps", o.eps, 0.0, 1.0);
+    DPTRAIN_CHECK(o.type == "sgd" || (!r.has("momentum") && !r.has("dampening") && !r.has("nesterov")),
+                  "config key optimizer.momentum/dampening/nesterov apply to \"sgd\" only, not \"", o.type, "\"");
+    DPTRAIN_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
+                  "config key optimizer.nesterov needs momentum > 0 and dampening 0");
+    o.lr_scaling = r.get_choice("lr_scaling", o.lr_scaling, {"linear", "none"});
+    o.warmup_epochs = r.get_in_range("warmup_epochs", o.warmup_epochs, 0.0, 1e6);
+    o.schedule = r.get_choice("schedule", o.schedule, {"constant", "step", "cosine"});
+    o.step_size_epochs = r.get_in_range("step_size_epochs", o.step_size_epochs, 1e-6, 1e6);
+    o.gamma = r.get_in_range("gamma", o.gamma, 0.0, 1.0);
+    o.min_lr = r.get_in_range("min_lr", o.min_lr, 0.0, 1e6);
+    r.finish();
+  }
+
+  if (root.has("training")) {
+    ObjectReader r(root.raw("training"), "training");
+    TrainingConfig& t = c.training;
+    t.epochs = r.get_in_range<int64_t>("epochs", t.epochs, 1, 1 << 20);
+    t.max_steps = r.get_in_range<int64_t>("max_steps", t.max_steps, 0, INT64_MAX);
+    t.log_every_steps = r.get_in_range<int64_t>("log_every_steps", t.log_every_steps, 1, INT64_MAX);
+    r.finish();
+  }
+  if (root.has("distributed")) {
+    ObjectReader r(root.raw("distributed"), "distributed");
+    DistributedConfig& d = c.distributed;
+    d.fusion_threshold_mb = r.get_in_range("fusion_threshold_mb", d.fusion_threshold_mb, 0.0, 1e5);
+    d.first_bucket_mb = r.get_in_range("first_bucket_mb", d.first_bucket_mb, 0.0, 1e5);
+    d.overlap = r.get<bool>("overlap", d.overlap);
+    d.compression = r.get_choice("compression", d.compression, {"none", "fp16", "bf16"});
+    d.backward_passes_per_step = r.get_in_range<int64_t>("backward_passes_per_step", 1, 1, 1 << 16);
+    d.stall_warning_s = r.get_in_range("stall_warning_s", d.stall_warning_s, 0.0, 1e9);
+    d.stall_abort_s = r.get_in_range("stall_abort_s", d.stall_abort_s, 0.0, 1e9);
+    r.finish();
+  }
+  root.finish();
+  return c;
+}
+
+Json to_json(const Config& c) {
+  Json out = {
+      {"seed", c.seed},
+      {"output_dir", c.output_dir},
+      {"threads", c.threads},
+      {"data",
+       {{"dataset", c.data.dataset},
+        {"dir", c.data.dir},
+        {"batch_size", c.data.batch_size},
+        {"eval_batch_size", c.data.eval_batch_size},
+        {"shuffle", c.data.shuffle},
+        {"drop_last", c.data.drop_last},
+        {"mean", c.data.mean},
+        {"std", c.data.std}}},
+      {"model",
+       {{"input_shape", c.model.input_shape},
+        {"layers", c.model.layers},
+        {"loss", c.model.loss},
+        {"init_from", c.model.init_from}}},
+      {"optimizer",
+       c.optimizer.type == "sgd"
+           ? Json{{"type", c.optimizer.type},
+                  {"lr", c.optimizer.lr},
+                  {"momentum", c.optimizer.momentum},
+                  {"dampening", c.optimizer.dampening},
+                  {"nesterov", c.optimizer.nesterov},
+                  {"weight_decay", c.optimizer.weight_decay}}
+           : Json{{"type", c.optimizer.type},
+                  {"lr", c.optimizer.lr},
+                  {"betas", c.optimizer.betas},
+                  {"eps", c.optimizer.eps},
+                  {"weight_decay", c.optimizer.weight_decay}}},
+      {"training",
+       {{"epochs", c.training.epochs},
+        {"max_steps", c.training.max_steps},
+        {"log_every_steps", c.training.log_every_steps}}},
+      {"distributed",
+       {{"fusion_threshold_mb", c.distributed.fusion_threshold_mb},
+        {"first_bucket_mb", c.distributed.first_bucket_mb},
+        {"overlap", c.distributed.overlap},
+        {"compression", c.distributed.compression},
+        {"backward_passes_per_step", c.distributed.backward_passes_per_step},
+        {"stall_warning_s", c.distributed.stall_warning_s},
+        {"stall_abort_s", c.distributed.stall_abort_s}}},
+  };
+  Json& o = out["optimizer"];
+  o["lr_scaling"] = c.optimizer.lr_scaling;
+  o["warmup_epochs"] = c.optimizer.warmup_epochs;
+  o["schedule"] = c.optimizer.schedule;
+  if (c.optimizer.schedule == "step") {
+    o["step_size_epochs"] = c.optimizer.step_size_epochs;
+    o["gamma"] = c.optimizer.gamma;
+  }
+  if (c.optimizer.schedule == "cosine") o["min_lr"] = c.optimizer.min_lr;
+  if (c.data.dataset == "linear") {
+    out["data"]["linear"] = {{"samples", c.data.linear.samples},
+                             {"test_samples", c.data.linear.test_samples},
+                             {"coefficients", c.data.linear.coefficients},
+                             {"noise", c.data.linear.noise}};
+  }
+  return out;
+}
+
+}  // namespace dptrain::trainer

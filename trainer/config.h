@@ -1,0 +1,93 @@
+// The run configuration: JSON file (+ --set overrides) -> typed, validated structs. Unknown keys,
+// wrong types and out-of-range values are errors naming the key path.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config_reader.h"
+#include "core/tensor.h"
+
+namespace dptrain::trainer {
+
+struct LinearDataConfig {
+  int64_t samples = 1000;
+  int64_t test_samples = 200;
+  std::vector<double> coefficients = {5, 3, 2, 1};
+  double noise = 0;
+};
+
+struct DataConfig {
+  std::string dataset = "mnist";  // "mnist" | "fashion_mnist" | "linear"
+  std::string dir;                // default: data/mnist or /usr/share/datasets/fashion-mnist
+  int64_t batch_size = 128;       // per rank
+  int64_t eval_batch_size = 1000;
+  bool shuffle = true;
+  bool drop_last = false;
+  double mean = 0.1307;
+  double std = 0.3081;
+  LinearDataConfig linear;  // data.dataset "linear" only
+};
+
+struct ModelConfig {
+  Shape input_shape;
+  Json layers;
+  std::string loss = "cross_entropy";  // "cross_entropy" | "mse"
+  std::string init_from;
+};
+
+struct OptimizerConfig {
+  std::string type = "adam";  // "sgd" | "adam" | "adamw"
+  double lr = 1e-3;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  bool nesterov = false;
+  double weight_decay = 0.0;
+  std::vector<double> betas = {0.9, 0.999};
+  double eps = 1e-8;
+  std::string lr_scaling = "linear";  // "linear" (x world size x backward passes per step) | "none"
+  double warmup_epochs = 0;
+  std::string schedule = "constant";  // "constant" | "step" | "cosine"
+  double step_size_epochs = 1;
+  double gamma = 0.1;
+  double min_lr = 0;
+};
+
+struct DistributedConfig {
+  double fusion_threshold_mb = 4;
+  double first_bucket_mb = 1;
+  bool overlap = true;
+  std::string compression = "none";  // "none" | "fp16" | "bf16"
+  int64_t backward_passes_per_step = 1;
+  double stall_warning_s = 60;
+  double stall_abort_s = 0;  // 0: never
+};
+
+struct TrainingConfig {
+  int64_t epochs = 1;
+  int64_t max_steps = 0;        // 0: no limit
+  int64_t log_every_steps = 100;  // plain-line progress when stdout is not a terminal
+};
+
+struct Config {
+  uint64_t seed = 0;
+  std::string output_dir = "runs/default";
+  int threads = 0;  // 0: all cores
+  DataConfig data;
+  ModelConfig model;
+  OptimizerConfig optimizer;
+  TrainingConfig training;
+  DistributedConfig distributed;
+};
+
+// Reads a JSON file; a missing file or a syntax error names the file (and the line).
+Json read_json_file(const std::string& path);
+// Applies "key.path=VALUE": VALUE is parsed as JSON, or taken as a string when it is a bare word
+// (so --set data.dataset=fashion_mnist works without shell-escaped quotes).
+void apply_override(Json& config, const std::string& assignment);
+Config parse_config(const Json& config);
+// The fully resolved config, every default filled in (what --print-config shows and runs record).
+Json to_json(const Config& config);
+
+}  // namespace dptrain::trainer

@@ -1,0 +1,46 @@
+// trainer: command-line entry point. Any failure prints one line naming the rank and stops every rank.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "core/error.h"
+#include "distributed/world.h"
+#include "trainer/config.h"
+#include "trainer/train.h"
+
+using namespace dptrain;
+
+int main(int argc, char** argv) {
+  CLI::App app{"dptrain: data-parallel trainer. Run under mpirun -np N for N ranks."};
+  std::string config_path;
+  std::vector<std::string> overrides;
+  bool print_config = false;
+  app.add_option("--config", config_path, "JSON config file (see configs/ and the README)")->required();
+  app.add_option("--set", overrides, "override a config key: --set key.path=JSON (repeatable)")
+      ->take_all()
+      ->expected(1)
+      ->allow_extra_args(false);
+  app.add_flag("--print-config", print_config, "print the resolved config (defaults filled in) and exit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  distributed::World world(&argc, &argv);
+  try {
+    Json json = trainer::read_json_file(config_path);
+    for (const std::string& assignment : overrides) trainer::apply_override(json, assignment);
+    const trainer::Config config = trainer::parse_config(json);
+    if (print_config) {
+      if (world.is_root()) std::cout << trainer::to_json(config).dump(2) << std::endl;
+      return 0;
+    }
+    trainer::train(config, world);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dptrain: error on rank %d: %s\n", world.rank(), e.what());
+    std::fflush(stderr);
+    world.abort(1);
+  }
+  return 0;
+}
