@@ -36,7 +36,7 @@ std::string ObjectReader::get_choice(const std::string& key, const std::string& 
 void ObjectReader::finish() const {
   for (auto& [key, value] : object_.items()) {
     if (!used_.count(key)) {
-      DPTRAIN_FAIL("config key ", path_of(key), " is not a known key", hint(),
+      DPTRAIN_FAIL("config key ", path_of(key), " is not a known key",
                    "; check its spelling against the README's config reference");
     }
   }

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <new>
+#include <stdexcept>
 #include <unordered_map>
 #include <vector>
 
@@ -49,7 +50,13 @@ Storage::Storage(std::size_t bytes) : data_(nullptr), bytes_(round_up(bytes)) {
   if (data_ == nullptr) throw std::bad_alloc();
 }
 
+Storage::Storage(std::shared_ptr<Storage> parent, std::size_t offset, std::size_t bytes)
+    : data_(static_cast<char*>(parent->data()) + offset), bytes_(bytes), parent_(std::move(parent)) {
+  if (offset + bytes > parent_->bytes()) throw std::out_of_range("Storage window past the end of its parent");
+}
+
 Storage::~Storage() {
+  if (parent_) return;
   Cache& c = cache();
   std::lock_guard lock(c.mutex);
   c.free_by_size[bytes_].push_back(data_);

@@ -11,6 +11,9 @@ class Storage {
  public:
   // Uninitialised buffer of `bytes` bytes (rounded up to 64), taken from the cache when possible.
   explicit Storage(std::size_t bytes);
+  // A window of `bytes` bytes at `offset` into `parent`, which it keeps alive (e.g. a gradient that
+  // lives inside a communication bucket).
+  Storage(std::shared_ptr<Storage> parent, std::size_t offset, std::size_t bytes);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -26,6 +29,7 @@ class Storage {
  private:
   void* data_;
   std::size_t bytes_;
+  std::shared_ptr<Storage> parent_;  // set for windows; they own no memory
 };
 
 using StoragePtr = std::shared_ptr<Storage>;

@@ -67,6 +67,16 @@ void Tensor::zero_grad() const {
   if (impl_->grad) std::memset(impl_->grad->data(), 0, static_cast<std::size_t>(numel()) * sizeof(float));
 }
 
+void Tensor::bind_grad(StoragePtr storage) const {
+  DPTRAIN_CHECK(storage->bytes() >= static_cast<std::size_t>(numel()) * sizeof(float), "bind_grad: buffer of ",
+                storage->bytes(), " bytes for ", numel(), " floats");
+  if (impl_->grad)
+    std::memcpy(storage->data(), impl_->grad->data(), static_cast<std::size_t>(numel()) * sizeof(float));
+  else
+    std::memset(storage->data(), 0, static_cast<std::size_t>(numel()) * sizeof(float));
+  impl_->grad = std::move(storage);
+}
+
 Tensor Tensor::view(Shape shape) const {
   DPTRAIN_CHECK(shape_numel(shape) == numel(), "view: cannot view ", shape_str(this->shape()), " as ",
                 shape_str(shape));

@@ -57,6 +57,9 @@ class Tensor {
   float* grad_data() const;
   std::span<float> grad() const { return {grad_data(), static_cast<std::size_t>(numel())}; }
   void zero_grad() const;
+  // Makes `storage` (numel floats) this tensor's gradient buffer, keeping the current gradient values:
+  // the reducer places gradients inside its communication buckets this way.
+  void bind_grad(StoragePtr storage) const;
 
   // A tensor sharing this one's data with another shape (same element count).
   Tensor view(Shape shape) const;

@@ -1,7 +1,13 @@
-// MPI implementation of the Communicator and its watchdog wait loop.
+// MPI collectives, the communication thread and the stall watchdog.
 #include "distributed/communicator.h"
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <deque>
+#include <functional>
+#include <mutex>
 #include <thread>
 #include <type_traits>
 
@@ -10,6 +16,8 @@
 
 namespace dptrain::distributed {
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 template <typename T>
 MPI_Datatype mpi_type() {
@@ -28,7 +36,6 @@ int checked_count(std::size_t elements) {
   return static_cast<int>(elements);
 }
 
-// The half-precision sums, as MPI user operations (commutative).
 void fp16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
   add_halves(static_cast<const uint16_t*>(in), static_cast<uint16_t*>(inout), *len, HalfFormat::kFp16);
 }
@@ -36,116 +43,250 @@ void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
   add_halves(static_cast<const uint16_t*>(in), static_cast<uint16_t*>(inout), *len, HalfFormat::kBf16);
 }
 
+// Half-precision sums as MPI user operations, created once per process (MPI_Finalize frees them).
 MPI_Op half_sum_op(HalfFormat format) {
-  // Created once per process; MPI_Finalize releases them.
-  static MPI_Op ops[2] = {MPI_OP_NULL, MPI_OP_NULL};
-  MPI_Op& op = ops[format == HalfFormat::kFp16 ? 0 : 1];
-  if (op == MPI_OP_NULL)
-    DPTRAIN_MPI_CHECK(MPI_Op_create(format == HalfFormat::kFp16 ? fp16_sum : bf16_sum, /*commute=*/1, &op));
-  return op;
+  static std::once_flag once;
+  static MPI_Op ops[2];
+  std::call_once(once, [] {
+    DPTRAIN_MPI_CHECK(MPI_Op_create(fp16_sum, /*commute=*/1, &ops[0]));
+    DPTRAIN_MPI_CHECK(MPI_Op_create(bf16_sum, /*commute=*/1, &ops[1]));
+  });
+  return ops[format == HalfFormat::kFp16 ? 0 : 1];
+}
+
+void allreduce_half_now(std::span<uint16_t> buffer, HalfFormat format, MPI_Comm comm) {
+  DPTRAIN_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buffer.data(), checked_count(buffer.size()), MPI_UINT16_T,
+                                  half_sum_op(format), comm));
 }
 
 }  // namespace
 
-Pending::Pending(Pending&& other) noexcept { *this = std::move(other); }
+struct Job {
+  std::string what;
+  std::function<void()> run;
+  std::atomic<bool> done{false};
+  std::exception_ptr error;
+};
 
-Pending& Pending::operator=(Pending&& other) noexcept {
-  std::swap(request_, other.request_);
-  std::swap(what_, other.what_);
-  std::swap(average_, other.average_);
-  std::swap(average_count_, other.average_count_);
-  return *this;
-}
+// Watches collectives in flight, two slots: the calling thread's and the communication thread's.
+struct StallWatchdog {
+  struct Slot {
+    bool active = false, warned = false;
+    Clock::time_point since;
+    std::string what;
+  };
+  StallPolicy policy;
+  int rank;
+  std::mutex mutex;
+  std::condition_variable wake;
+  Slot slots[2];
+  bool stop = false;
+  std::thread thread;
 
-Pending::~Pending() {
-  // Only reachable on error paths (an exception unwinding past a collective in flight): the job is
-  // about to abort, so the request is abandoned rather than waited on.
-}
+  StallWatchdog(StallPolicy p, int r) : policy(p), rank(r) {
+    if (policy.warning_s > 0 || policy.abort_s > 0) thread = std::thread([this] { loop(); });
+  }
+  ~StallWatchdog() {
+    {
+      std::lock_guard lock(mutex);
+      stop = true;
+    }
+    wake.notify_all();
+    if (thread.joinable()) thread.join();
+  }
 
-Communicator::Communicator(MPI_Comm comm, StallPolicy stall) : comm_(comm), stall_(stall) {
+  void enter(int slot, const std::string& what) {
+    std::lock_guard lock(mutex);
+    slots[slot] = {true, false, Clock::now(), what};
+  }
+  void leave(int slot) {
+    std::lock_guard lock(mutex);
+    slots[slot].active = false;
+  }
+
+  void loop() {
+    std::unique_lock lock(mutex);
+    while (!stop) {
+      wake.wait_for(lock, std::chrono::milliseconds(100));
+      for (Slot& s : slots) {
+        if (!s.active) continue;
+        const double waited = std::chrono::duration<double>(Clock::now() - s.since).count();
+        if (policy.warning_s > 0 && !s.warned && waited > policy.warning_s) {
+          std::fprintf(stderr, "dptrain: rank %d has waited %.0f s in %s; a peer may be stalled or dead\n", rank,
+                       waited, s.what.c_str());
+          std::fflush(stderr);
+          s.warned = true;
+        }
+        if (policy.abort_s > 0 && waited > policy.abort_s) {
+          std::fprintf(stderr,
+                       "dptrain: error on rank %d: stalled %.0f s in %s (distributed.stall_abort_s = %g); "
+                       "check the other ranks' output for the first error\n",
+                       rank, waited, s.what.c_str(), policy.abort_s);
+          std::fflush(stderr);
+          // This thread may not call MPI while another is inside it; an exit without MPI_Finalize
+          // makes mpirun stop the whole job.
+          std::_Exit(1);
+        }
+      }
+    }
+  }
+};
+
+// RAII: a collective in flight on one slot.
+class Watch {
+ public:
+  Watch(StallWatchdog* dog, int slot, const std::string& what) : dog_(dog), slot_(slot) {
+    if (dog_) dog_->enter(slot_, what);
+  }
+  ~Watch() {
+    if (dog_) dog_->leave(slot_);
+  }
+
+ private:
+  StallWatchdog* dog_;
+  int slot_;
+};
+
+struct CommWorker {
+  std::mutex mutex;
+  std::condition_variable has_work, finished;
+  std::deque<std::shared_ptr<Job>> queue;
+  bool busy = false, stop = false;
+  std::thread thread;
+
+  // The thread holds its own reference: if the owner must give up on a collective that never
+  // returns (an abort is coming), it detaches and nothing is destroyed under the thread's feet.
+  static void loop(std::shared_ptr<CommWorker> self, std::shared_ptr<StallWatchdog> dog) {
+    for (;;) {
+      std::shared_ptr<Job> job;
+      {
+        std::unique_lock lock(self->mutex);
+        self->has_work.wait(lock, [&] { return self->stop || !self->queue.empty(); });
+        if (self->queue.empty()) return;
+        job = std::move(self->queue.front());
+        self->queue.pop_front();
+        self->busy = true;
+      }
+      try {
+        Watch watch(dog.get(), 1, job->what);
+        job->run();
+      } catch (...) {
+        job->error = std::current_exception();
+      }
+      {
+        std::lock_guard lock(self->mutex);
+        job->done.store(true, std::memory_order_release);
+        self->busy = false;
+      }
+      self->finished.notify_all();
+    }
+  }
+};
+
+Communicator::Communicator(MPI_Comm comm, StallPolicy stall) : comm_(comm) {
   DPTRAIN_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   DPTRAIN_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  if (size_ > 1) watchdog_ = std::make_shared<StallWatchdog>(stall, rank_);
 }
 
-Pending Communicator::start(MPI_Request request, std::string what) {
+Communicator::~Communicator() {
+  if (!worker_) return;
+  bool idle;
+  {
+    std::lock_guard lock(worker_->mutex);
+    worker_->stop = true;
+    idle = !worker_->busy && worker_->queue.empty();
+  }
+  worker_->has_work.notify_all();
+  // Busy only when unwinding from an error with a collective stuck in flight: the process is about
+  // to abort, and joining would hang.
+  if (idle) {
+    worker_->thread.join();
+  } else {
+    worker_->thread.detach();
+  }
+}
+
+Pending Communicator::submit(std::string what, std::function<void()> run) {
+  if (!worker_) {
+    worker_ = std::make_shared<CommWorker>();
+    worker_->thread = std::thread(CommWorker::loop, worker_, watchdog_);
+  }
+  auto job = std::make_shared<Job>();
+  job->what = std::move(what);
+  job->run = std::move(run);
+  {
+    std::lock_guard lock(worker_->mutex);
+    worker_->queue.push_back(job);
+  }
+  worker_->has_work.notify_one();
   Pending p;
-  p.request_ = request;
-  p.what_ = std::move(what);
+  p.job_ = std::move(job);
   return p;
 }
 
 Pending Communicator::start_allreduce(std::span<float> buffer, ReduceOp op, std::string what) {
   if (size_ == 1 || buffer.empty()) return {};
-  MPI_Request request;
-  DPTRAIN_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buffer.data(), checked_count(buffer.size()), MPI_FLOAT, MPI_SUM,
-                                   comm_, &request));
-  Pending p = start(request, std::move(what));
-  if (op == ReduceOp::kAverage) {
-    p.average_ = buffer.data();
-    p.average_count_ = static_cast<int64_t>(buffer.size());
-  }
-  return p;
+  return submit(std::move(what), [this, buffer, op] {
+    DPTRAIN_MPI_CHECK(
+        MPI_Allreduce(MPI_IN_PLACE, buffer.data(), checked_count(buffer.size()), MPI_FLOAT, MPI_SUM, comm_));
+    if (op == ReduceOp::kAverage) {
+      const float inv = 1.0f / static_cast<float>(size_);
+      for (float& v : buffer) v *= inv;
+    }
+  });
 }
 
 Pending Communicator::start_allreduce_half(std::span<uint16_t> buffer, HalfFormat format, std::string what) {
   if (size_ == 1 || buffer.empty()) return {};
-  MPI_Request request;
-  DPTRAIN_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buffer.data(), checked_count(buffer.size()), MPI_UINT16_T,
-                                   half_sum_op(format), comm_, &request));
-  return start(request, std::move(what));
+  return submit(std::move(what), [this, buffer, format] { allreduce_half_now(buffer, format, comm_); });
 }
 
 void Communicator::wait(Pending& pending) {
-  if (!pending.active()) return;
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
-  bool warned = false;
-  int done = 0;
-  for (uint64_t polls = 0;; ++polls) {
-    DPTRAIN_MPI_CHECK(MPI_Test(&pending.request_, &done, MPI_STATUS_IGNORE));
-    if (done) break;
-    // Spin briefly (collectives usually finish in microseconds), then yield the core to the peers
-    // that share it, and look at the clock only now and then.
-    if (polls < 1000 || polls % 64 != 0) continue;
-    std::this_thread::yield();
-    const double waited = std::chrono::duration<double>(Clock::now() - start).count();
-    if (!warned && waited > stall_.warning_s) {
-      std::fprintf(stderr, "dptrain: rank %d has waited %.0f s in %s; a peer may be stalled or dead\n", rank_,
-                   waited, pending.what_.c_str());
-      std::fflush(stderr);
-      warned = true;
-    }
-    DPTRAIN_CHECK(stall_.abort_s <= 0 || waited <= stall_.abort_s, "stalled ", waited, " s in ", pending.what_,
-                  " on rank ", rank_, " (distributed.stall_abort_s = ", stall_.abort_s,
-                  "); check the other ranks' logs for the first error");
+  if (!pending.job_) return;
+  Job& job = *pending.job_;
+  // Collectives often finish within microseconds of the request: spin a little before sleeping.
+  for (int spin = 0; spin < 2000 && !job.done.load(std::memory_order_acquire); ++spin) std::this_thread::yield();
+  if (!job.done.load(std::memory_order_acquire)) {
+    std::unique_lock lock(worker_->mutex);
+    worker_->finished.wait(lock, [&] { return job.done.load(std::memory_order_acquire); });
   }
-  pending.request_ = MPI_REQUEST_NULL;
-  if (pending.average_) {
-    const float inv = 1.0f / static_cast<float>(size_);
-    for (int64_t i = 0; i < pending.average_count_; ++i) pending.average_[i] *= inv;
-    pending.average_ = nullptr;
-  }
+  std::shared_ptr<Job> finished = std::move(pending.job_);
+  if (finished->error) std::rethrow_exception(finished->error);
+}
+
+void Communicator::drain() {
+  if (!worker_) return;
+  std::unique_lock lock(worker_->mutex);
+  worker_->finished.wait(lock, [&] { return !worker_->busy && worker_->queue.empty(); });
 }
 
 template <typename T>
 void Communicator::allreduce(std::span<T> buffer, ReduceOp op, const std::string& what) {
   if (size_ == 1 || buffer.empty()) return;
-  MPI_Request request;
-  DPTRAIN_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buffer.data(), checked_count(buffer.size()), mpi_type<T>(),
-                                   MPI_SUM, comm_, &request));
-  Pending p = start(request, what);
-  wait(p);
+  drain();
+  {
+    Watch watch(watchdog_.get(), 0, what);
+    DPTRAIN_MPI_CHECK(
+        MPI_Allreduce(MPI_IN_PLACE, buffer.data(), checked_count(buffer.size()), mpi_type<T>(), MPI_SUM, comm_));
+  }
   if (op == ReduceOp::kAverage)
     for (T& v : buffer) v /= static_cast<T>(size_);
+}
+
+void Communicator::allreduce_half(std::span<uint16_t> buffer, HalfFormat format, const std::string& what) {
+  if (size_ == 1 || buffer.empty()) return;
+  drain();
+  Watch watch(watchdog_.get(), 0, what);
+  allreduce_half_now(buffer, format, comm_);
 }
 
 template <typename T>
 void Communicator::broadcast(std::span<T> buffer, int root, const std::string& what) {
   if (size_ == 1 || buffer.empty()) return;
-  MPI_Request request;
-  DPTRAIN_MPI_CHECK(MPI_Ibcast(buffer.data(), checked_count(buffer.size()), mpi_type<T>(), root, comm_, &request));
-  Pending p = start(request, what);
-  wait(p);
+  drain();
+  Watch watch(watchdog_.get(), 0, what);
+  DPTRAIN_MPI_CHECK(MPI_Bcast(buffer.data(), checked_count(buffer.size()), mpi_type<T>(), root, comm_));
 }
 
 template <typename T>
@@ -156,24 +297,22 @@ void Communicator::allgather(std::span<const T> send, std::span<T> recv, const s
     std::copy(send.begin(), send.end(), recv.begin());
     return;
   }
-  MPI_Request request;
-  DPTRAIN_MPI_CHECK(MPI_Iallgather(send.data(), checked_count(send.size()), mpi_type<T>(), recv.data(),
-                                   checked_count(send.size()), mpi_type<T>(), comm_, &request));
-  Pending p = start(request, what);
-  wait(p);
+  drain();
+  Watch watch(watchdog_.get(), 0, what);
+  DPTRAIN_MPI_CHECK(MPI_Allgather(send.data(), checked_count(send.size()), mpi_type<T>(), recv.data(),
+                                  checked_count(send.size()), mpi_type<T>(), comm_));
 }
 
 void Communicator::barrier(const std::string& what) {
   if (size_ == 1) return;
-  MPI_Request request;
-  DPTRAIN_MPI_CHECK(MPI_Ibarrier(comm_, &request));
-  Pending p = start(request, what);
-  wait(p);
+  drain();
+  Watch watch(watchdog_.get(), 0, what);
+  DPTRAIN_MPI_CHECK(MPI_Barrier(comm_));
 }
 
-#define DPTRAIN_INSTANTIATE(T)                                                             \
-  template void Communicator::allreduce<T>(std::span<T>, ReduceOp, const std::string&);   \
-  template void Communicator::broadcast<T>(std::span<T>, int, const std::string&);         \
+#define DPTRAIN_INSTANTIATE(T)                                                           \
+  template void Communicator::allreduce<T>(std::span<T>, ReduceOp, const std::string&); \
+  template void Communicator::broadcast<T>(std::span<T>, int, const std::string&);       \
   template void Communicator::allgather<T>(std::span<const T>, std::span<T>, const std::string&);
 DPTRAIN_INSTANTIATE(float)
 DPTRAIN_INSTANTIATE(double)

@@ -7,6 +7,21 @@
 #include "core/error.h"
 
 namespace dptrain::distributed {
+namespace {
+// Each gradient starts on a 64-byte boundary inside the bucket buffer, as the kernels' Eigen maps
+// expect of every tensor buffer.
+constexpr int64_t kAlignFloats = 16;
+int64_t aligned(int64_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
+
+// Inf and NaN are the floats whose exponent bits are all ones. An integer OR-reduction vectorises
+// where a float accumulation would not (float addition is not associative).
+bool all_finite(std::span<const float> values) {
+  const uint32_t* bits = reinterpret_cast<const uint32_t*>(values.data());
+  uint32_t bad = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) bad |= static_cast<uint32_t>((bits[i] & 0x7f800000u) == 0x7f800000u);
+  return bad == 0;
+}
+}  // namespace
 
 Compression parse_compression(const std::string& name) {
   if (name == "none") return Compression::kNone;
@@ -27,31 +42,33 @@ std::string to_string(Compression compression) {
 GradientReducer::GradientReducer(Communicator& comm, std::vector<NamedTensor> parameters, ReducerOptions options)
     : comm_(comm), parameters_(std::move(parameters)), options_(options) {
   DPTRAIN_CHECK(options_.fusion_threshold_mb >= 0 && options_.first_bucket_mb >= 0,
-                "distributed.fusion_threshold_mb must be >= 0");
-  const auto limit = [](double mb) { return static_cast<int64_t>(mb * (1 << 20) / sizeof(float)); };
+                "distributed.fusion_threshold_mb and first_bucket_mb must be >= 0");
+  const auto cap_elements = [](double mb) { return static_cast<int64_t>(mb * (1 << 20) / sizeof(float)); };
+  const bool per_tensor = options_.fusion_threshold_mb == 0;
+  std::vector<int64_t> slot(parameters_.size());
   bucket_of_.resize(parameters_.size());
   int64_t offset = 0;
   for (std::size_t k = parameters_.size(); k-- > 0;) {
-    const int64_t n = parameters_[k].tensor.numel();
-    // The first bucket stays small so communication starts early in backward; 0 means per tensor.
-    const int64_t cap = options_.fusion_threshold_mb == 0 ? 0
-                        : buckets_.size() <= 1       ? limit(std::min(options_.first_bucket_mb, options_.fusion_threshold_mb))
-                                                     : limit(options_.fusion_threshold_mb);
-    const bool fits = !buckets_.empty() && buckets_.back().numel + n <= cap &&
-                      (buckets_.size() > 1 || options_.fusion_threshold_mb > 0);
+    const int64_t n = aligned(parameters_[k].tensor.numel());
+    // The first bucket stays small so that communication can start early in backward.
+    const double cap_mb =
+        buckets_.size() <= 1 ? std::min(options_.first_bucket_mb, options_.fusion_threshold_mb) : options_.fusion_threshold_mb;
+    const bool fits = !per_tensor && !buckets_.empty() && buckets_.back().numel + n <= cap_elements(cap_mb);
     if (!fits) buckets_.push_back({{}, offset, 0});
     buckets_.back().parameters.push_back(k);
     buckets_.back().numel += n;
     bucket_of_[k] = buckets_.size() - 1;
+    slot[k] = offset;
     offset += n;
   }
-  // Parameters were laid out in reverse order: bucket 0 holds the last layer.
-  if (options_.compression == Compression::kNone) {
-    flat_.resize(offset);
-  } else {
-    flat_half_.resize(offset);
-  }
+  flat_ = make_storage(sizeof(float) * std::max<int64_t>(offset, 1));
+  std::memset(flat_->data(), 0, flat_->bytes());  // padding must stay zero (and finite) forever
+  for (std::size_t k = 0; k < parameters_.size(); ++k)
+    parameters_[k].tensor.bind_grad(std::make_shared<Storage>(flat_, sizeof(float) * slot[k],
+                                                              sizeof(float) * parameters_[k].tensor.numel()));
+  if (options_.compression != Compression::kNone) flat_half_.resize(offset);
   pending_.resize(buckets_.size());
+  launched_.assign(buckets_.size(), false);
   ready_count_.assign(buckets_.size(), 0);
   if (comm_.size() > 1 && options_.overlap) {
     for (std::size_t k = 0; k < parameters_.size(); ++k)
@@ -61,6 +78,14 @@ GradientReducer::GradientReducer(Communicator& comm, std::vector<NamedTensor> pa
 
 GradientReducer::~GradientReducer() {
   for (NamedTensor& p : parameters_) p.tensor.impl()->on_grad_ready = nullptr;
+}
+
+std::span<float> GradientReducer::window(std::size_t b) const {
+  return {flat_->as<float>() + buckets_[b].offset, static_cast<std::size_t>(buckets_[b].numel)};
+}
+
+HalfFormat GradientReducer::half_format() const {
+  return options_.compression == Compression::kFp16 ? HalfFormat::kFp16 : HalfFormat::kBf16;
 }
 
 std::string GradientReducer::label(std::size_t bucket) const {
@@ -74,71 +99,67 @@ void GradientReducer::prepare(int64_t step) {
   armed_ = true;
   next_launch_ = 0;
   std::fill(ready_count_.begin(), ready_count_.end(), 0);
+  std::fill(launched_.begin(), launched_.end(), false);
 }
 
 void GradientReducer::on_gradient_ready(std::size_t parameter) {
   if (!armed_) return;  // an accumulation pass (backward_passes_per_step > 1)
-  const std::size_t b = bucket_of_[parameter];
-  ++ready_count_[b];
-  launch_ready_in_order();
-}
-
-void GradientReducer::launch_ready_in_order() {
+  ++ready_count_[bucket_of_[parameter]];
   while (next_launch_ < buckets_.size() && ready_count_[next_launch_] == buckets_[next_launch_].parameters.size())
-    launch(next_launch_++);
+    launch(next_launch_++, /*async=*/true);
 }
 
-void GradientReducer::launch(std::size_t b) {
-  const Bucket& bucket = buckets_[b];
-  int64_t at = bucket.offset;
-  const float scale = 1.0f / static_cast<float>(comm_.size());
-  for (std::size_t k : bucket.parameters) {
-    const Tensor& t = parameters_[k].tensor;
-    if (options_.compression == Compression::kNone) {
-      std::memcpy(flat_.data() + at, t.grad_data(), sizeof(float) * t.numel());
-    } else {
-      // Scale by 1/N before the sum (not after) so the half-precision sum cannot overflow.
-      floats_to_halves(t.grad_data(), flat_half_.data() + at, t.numel(), scale,
-                       options_.compression == Compression::kFp16 ? HalfFormat::kFp16 : HalfFormat::kBf16);
-    }
-    at += t.numel();
-  }
+void GradientReducer::launch(std::size_t b, bool async) {
+  launched_[b] = true;
+  const std::span<float> grads = window(b);
   if (options_.compression == Compression::kNone) {
-    pending_[b] = comm_.start_allreduce(std::span<float>(flat_.data() + bucket.offset, bucket.numel), ReduceOp::kSum,
-                                        label(b));
+    if (async) {
+      pending_[b] = comm_.start_allreduce(grads, ReduceOp::kSum, label(b));
+    } else {
+      comm_.allreduce(grads, ReduceOp::kSum, label(b));
+    }
+    return;
+  }
+  // Scale by 1/N before the sum (not after) so the half-precision sum cannot overflow.
+  const std::span<uint16_t> half(flat_half_.data() + buckets_[b].offset, grads.size());
+  floats_to_halves(grads.data(), half.data(), static_cast<int64_t>(grads.size()), 1.0f / static_cast<float>(comm_.size()),
+                   half_format());
+  if (async) {
+    pending_[b] = comm_.start_allreduce_half(half, half_format(), label(b));
   } else {
-    pending_[b] = comm_.start_allreduce_half(
-        std::span<uint16_t>(flat_half_.data() + bucket.offset, bucket.numel),
-        options_.compression == Compression::kFp16 ? HalfFormat::kFp16 : HalfFormat::kBf16, label(b));
+    comm_.allreduce_half(half, half_format(), label(b));
   }
 }
 
 void GradientReducer::finish() {
   armed_ = false;
   if (comm_.size() == 1) return;
-  // Whatever backward did not launch (overlap off, or parameters that got no gradient), in order.
-  while (next_launch_ < buckets_.size()) launch(next_launch_++);
   const float inv = 1.0f / static_cast<float>(comm_.size());
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    comm_.wait(pending_[b]);
-    int64_t at = buckets_[b].offset;
+    // What backward did not launch (overlap off, or parameters that got no gradient) goes now, in
+    // order: earlier buckets were launched first on every rank.
+    if (!launched_[b]) {
+      launch(b, /*async=*/false);
+    } else {
+      comm_.wait(pending_[b]);
+    }
+    const std::span<float> grads = window(b);
+    const int64_t n = static_cast<int64_t>(grads.size());
+    if (options_.compression == Compression::kNone) {
+      float* g = grads.data();
+      for (int64_t i = 0; i < n; ++i) g[i] *= inv;
+    } else {
+      halves_to_floats(flat_half_.data() + buckets_[b].offset, grads.data(), n, half_format());
+    }
+    if (all_finite(grads)) continue;
     for (std::size_t k : buckets_[b].parameters) {
-      const Tensor& t = parameters_[k].tensor;
-      float* g = t.grad_data();
-      const int64_t n = t.numel();
-      if (options_.compression == Compression::kNone) {
-        const float* sum = flat_.data() + at;
-        for (int64_t i = 0; i < n; ++i) g[i] = sum[i] * inv;
-      } else {
-        halves_to_floats(flat_half_.data() + at, g, n,
-                         options_.compression == Compression::kFp16 ? HalfFormat::kFp16 : HalfFormat::kBf16);
-      }
       bool finite = true;
-      for (int64_t i = 0; i < n; ++i) finite &= std::isfinite(g[i]);
-      DPTRAIN_CHECK(finite, "non-finite averaged gradient in ", parameters_[k].name, " (bucket ", b, ") at step ", step_,
-                    "; not applied. Lower optimizer.lr", options_.compression != Compression::kNone
-                        ? " or try distributed.compression \"none\" (fp16 overflows past 65504)" : "");
-      at += n;
+      for (float v : parameters_[k].tensor.grad()) finite &= std::isfinite(v);
+      DPTRAIN_CHECK(finite, "non-finite averaged gradient in ", parameters_[k].name, " (bucket ", b, ") at step ",
+                    step_, "; not applied. Lower optimizer.lr",
+                    options_.compression != Compression::kNone
+                        ? " or set distributed.compression to \"none\" (fp16 overflows past 65504)"
+                        : "");
     }
   }
 }

@@ -1,9 +1,11 @@
 // GradientReducer: averages parameter gradients across ranks after backward. Parameters are
 // grouped into static buckets in reverse registration order (the order backward produces them): a
-// small first bucket, then buckets up to the fusion threshold. With overlap on, a bucket's allreduce
-// starts from the gradient-ready hook of its last parameter while backward goes on; buckets always
-// launch in index order, so every rank issues identical collectives. Optional fp16/bf16 compression
-// reduces a separate half buffer, pre-scaled by 1/N so the sum cannot overflow.
+// small first bucket, then buckets up to the fusion threshold. Gradients live inside the bucket
+// buffer (each parameter's gradient is a window of it), so reducing a bucket copies nothing. With
+// overlap on, a bucket's allreduce is queued on the communication thread from the gradient-ready
+// hook of its last parameter while backward goes on; buckets always launch in index order, so every
+// rank issues identical collectives. fp16/bf16 compression reduces a separate half buffer,
+// pre-scaled by 1/N so the half-precision sum cannot overflow.
 #pragma once
 
 #include <cstdint>
@@ -30,11 +32,12 @@ struct ReducerOptions {
 struct Bucket {
   std::vector<std::size_t> parameters;  // indices into the parameter list, in backward order
   int64_t offset = 0;                   // first element in the flat buffer
-  int64_t numel = 0;
+  int64_t numel = 0;                    // elements it spans, alignment padding included
 };
 
 class GradientReducer {
  public:
+  // Binds every parameter's gradient to its place in the bucket buffer (values are kept).
   GradientReducer(Communicator& comm, std::vector<NamedTensor> parameters, ReducerOptions options);
   ~GradientReducer();
   GradientReducer(const GradientReducer&) = delete;
@@ -42,27 +45,28 @@ class GradientReducer {
 
   // Arms the hooks for the next backward pass (the last one of a step); `step` labels messages.
   void prepare(int64_t step);
-  // Launches buckets backward did not, waits for all, writes the averaged gradients back. Throws if
-  // an averaged gradient is not finite (naming the step, bucket and parameter).
+  // Reduces the buckets backward did not launch, waits for all, leaves the averages in the
+  // gradients. Throws if an average is not finite (naming the step, bucket and parameter).
   void finish();
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
-  const ReducerOptions& options() const { return options_; }
 
  private:
   void on_gradient_ready(std::size_t parameter);
-  void launch(std::size_t bucket);
-  void launch_ready_in_order();
+  void launch(std::size_t bucket, bool async);
+  std::span<float> window(std::size_t bucket) const;
   std::string label(std::size_t bucket) const;
+  HalfFormat half_format() const;
 
   Communicator& comm_;
   std::vector<NamedTensor> parameters_;
   ReducerOptions options_;
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_;  // parameter index -> bucket
-  std::vector<float> flat_;             // fp32 staging (no compression)
+  StoragePtr flat_;                     // every gradient, bucket after bucket
   std::vector<uint16_t> flat_half_;     // fp16/bf16 staging
   std::vector<Pending> pending_;        // per bucket
+  std::vector<bool> launched_;
   std::vector<std::size_t> ready_count_;
   std::size_t next_launch_ = 0;
   bool armed_ = false;

@@ -1,6 +1,7 @@
 // MPI start-up and shutdown.
 #include "distributed/world.h"
 
+#include <cstdint>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -23,8 +24,10 @@ void check_mpi(int code, const char* call, const char* file, int line) {
 
 World::World(int* argc, char*** argv) {
   int provided = 0;
-  // FUNNELED: only the main thread talks to MPI; the watchdog and compute threads never do.
-  DPTRAIN_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  // SERIALIZED: the main thread and the communication thread call MPI, never at the same time.
+  DPTRAIN_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
+  DPTRAIN_CHECK(provided >= MPI_THREAD_SERIALIZED, "this MPI library does not support MPI_THREAD_SERIALIZED, "
+                "which the overlapped gradient reduction needs");
   // Return codes instead of MPI's default abort-on-error, so every failure becomes a located Error.
   DPTRAIN_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
   DPTRAIN_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
@@ -38,6 +41,16 @@ World::World(int* argc, char*** argv) {
 }
 
 World::~World() { MPI_Finalize(); }
+
+std::string World::broadcast_from_root(const std::string& text) const {
+  if (size_ == 1) return text;
+  int64_t length = static_cast<int64_t>(text.size());
+  DPTRAIN_MPI_CHECK(MPI_Bcast(&length, 1, MPI_INT64_T, 0, MPI_COMM_WORLD));
+  std::string out = rank_ == 0 ? text : std::string(static_cast<std::size_t>(length), '\0');
+  DPTRAIN_CHECK(length <= INT32_MAX, "broadcast of ", length, " bytes exceeds MPI's int count");
+  DPTRAIN_MPI_CHECK(MPI_Bcast(out.data(), static_cast<int>(length), MPI_CHAR, 0, MPI_COMM_WORLD));
+  return out;
+}
 
 void World::abort(int exit_code) const {
   if (size_ > 1) MPI_Abort(MPI_COMM_WORLD, exit_code);

@@ -27,6 +27,10 @@ class World {
   int local_size() const { return local_size_; }
   bool is_root() const { return rank_ == 0; }
 
+  // Rank 0's `text` on every rank (e.g. the config: rank 0 reads and validates it, so errors are
+  // reported once and the other ranks need no copy of the file).
+  std::string broadcast_from_root(const std::string& text) const;
+
   // Ends the whole job from any rank: no rank is left waiting in a collective.
   [[noreturn]] void abort(int exit_code) const;
 

@@ -36,6 +36,7 @@ void apply_override(Json& config, const std::string& assignment) {
   std::string key, walked;
   while (std::getline(keys, key, '.')) {
     DPTRAIN_CHECK(!key.empty(), "bad --set '", assignment, "': empty key in path");
+    if (node->is_null()) *node = Json::object();  // a section the file leaves out
     DPTRAIN_CHECK(node->is_object(), "bad --set '", assignment, "': ", walked, " is not an object");
     walked += (walked.empty() ? "" : ".") + key;
     node = &(*node)[key];

@@ -7,6 +7,14 @@
 #include <cstdio>
 
 namespace dptrain::trainer {
+namespace {
+std::string accuracy_text(double accuracy) {
+  if (accuracy < 0) return "";
+  char text[32];
+  std::snprintf(text, sizeof text, " acc %.2f%%", 100.0 * accuracy);
+  return text;
+}
+}  // namespace
 
 Progress::Progress(bool enabled, int64_t log_every_steps)
     : enabled_(enabled), terminal_(enabled && isatty(STDOUT_FILENO)), log_every_steps_(log_every_steps) {}
@@ -28,14 +36,14 @@ void Progress::update(int64_t step, double loss, double accuracy, double samples
     const int filled = static_cast<int>(kWidth * done / std::max<int64_t>(steps_, 1));
     std::string bar(filled, '=');
     if (filled < kWidth) bar += '>' + std::string(kWidth - filled - 1, ' ');
-    std::printf("\repoch %lld/%lld [%s] %lld/%lld loss %.4f acc %.2f%% %.0f samples/s ", static_cast<long long>(epoch_),
+    std::printf("\repoch %lld/%lld [%s] %lld/%lld loss %.4f%s %.0f samples/s ", static_cast<long long>(epoch_),
                 static_cast<long long>(epochs_), bar.c_str(), static_cast<long long>(done),
-                static_cast<long long>(steps_), loss, 100.0 * accuracy, samples_per_sec);
+                static_cast<long long>(steps_), loss, accuracy_text(accuracy).c_str(), samples_per_sec);
     std::fflush(stdout);
   } else if (done % log_every_steps_ == 0 || done == steps_) {
-    std::printf("epoch %lld/%lld step %lld/%lld loss %.4f acc %.2f%% %.0f samples/s\n",
-                static_cast<long long>(epoch_), static_cast<long long>(epochs_), static_cast<long long>(done),
-                static_cast<long long>(steps_), loss, 100.0 * accuracy, samples_per_sec);
+    std::printf("epoch %lld/%lld step %lld/%lld loss %.4f%s %.0f samples/s\n", static_cast<long long>(epoch_),
+                static_cast<long long>(epochs_), static_cast<long long>(done), static_cast<long long>(steps_), loss,
+                accuracy_text(accuracy).c_str(), samples_per_sec);
     std::fflush(stdout);
   }
 }

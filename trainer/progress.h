@@ -11,7 +11,7 @@ class Progress {
  public:
   Progress(bool enabled, int64_t log_every_steps);
   void begin_epoch(int64_t epoch, int64_t epochs, int64_t steps);
-  // Running means over the epoch so far.
+  // Running means over the epoch so far; accuracy < 0 means "not a classifier" and is not shown.
   void update(int64_t step, double loss, double accuracy, double samples_per_sec);
   void end_epoch();
 

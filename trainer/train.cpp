@@ -211,7 +211,8 @@ class Trainer {
       optimizer_->step(static_cast<float>(lr_));
       ++global_step_;
 
-      progress_.update(step, loss_sum / samples, static_cast<double>(correct) / samples,
+      progress_.update(step, loss_sum / samples,
+                       config_.model.loss == "mse" ? -1.0 : static_cast<double>(correct) / samples,
                        samples * world_.size() / seconds_since(start));
     }
     progress_.end_epoch();

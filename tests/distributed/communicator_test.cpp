@@ -1,0 +1,243 @@
+// Communicator collectives against closed forms: rank r contributes values that depend on r and the
+// element index, so the sum over N ranks is known exactly (sum_{r<N} (r + 1) = N (N + 1) / 2, ...).
+// Every value below is exactly representable, so results are compared with ==.
+// Also: a Communicator over MPI_COMM_SELF (a world of one) turns every collective into a no-op, and
+// the watchdog in wait() warns and then throws when a peer does not join a collective.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "distributed/communicator.h"
+#include "mpi_test_env.h"
+
+namespace dptrain::distributed {
+namespace {
+
+const std::vector<std::size_t> kSizes = {1, 1000, std::size_t{1} << 20};
+
+// Rank r's value at element i: (r + 1) * (i % 97 + 1). Sum over ranks: N (N + 1) / 2 * (i % 97 + 1).
+template <typename T>
+std::vector<T> ramp(std::size_t n, int r) {
+  std::vector<T> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<T>((r + 1) * static_cast<int>(i % 97 + 1));
+  return v;
+}
+
+template <typename T>
+void check_allreduce_ramp(Communicator& comm) {
+  const int n_ranks = comm.size();
+  for (std::size_t n : kSizes) {
+    std::vector<T> sum = ramp<T>(n, comm.rank()), avg = sum;
+    comm.allreduce(std::span<T>(sum), ReduceOp::kSum, "test sum");
+    comm.allreduce(std::span<T>(avg), ReduceOp::kAverage, "test average");
+    std::size_t bad_sum = 0, bad_avg = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const double k = static_cast<double>(i % 97 + 1);
+      bad_sum += sum[i] != static_cast<T>(n_ranks * (n_ranks + 1) / 2 * k);
+      bad_avg += avg[i] != static_cast<T>((n_ranks + 1) / 2.0 * k);
+    }
+    EXPECT_EQ(bad_sum, 0u) << n << " elements, sum; e.g. [n-1] = " << sum[n - 1];
+    EXPECT_EQ(bad_avg, 0u) << n << " elements, average; e.g. [n-1] = " << avg[n - 1];
+  }
+}
+
+TEST(Communicator, RankAndSizeMatchMpi) {
+  Communicator comm(MPI_COMM_WORLD);
+  EXPECT_EQ(comm.rank(), test::rank());
+  EXPECT_EQ(comm.size(), test::size());
+}
+
+TEST(Communicator, AllreduceFloatSumAndAverage) {
+  Communicator comm(MPI_COMM_WORLD);
+  check_allreduce_ramp<float>(comm);
+}
+
+TEST(Communicator, AllreduceDoubleSumAndAverage) {
+  Communicator comm(MPI_COMM_WORLD);
+  check_allreduce_ramp<double>(comm);
+}
+
+// int64 with values past 2^32: rank r sends (r << 40) + i; sum = (N (N - 1) / 2 << 40) + N i; the
+// (integer) average is the sum / N = ((N - 1) 2^39) + i, exact for N = 1, 2, 4.
+TEST(Communicator, AllreduceInt64SumAndAverage) {
+  Communicator comm(MPI_COMM_WORLD);
+  const int64_t N = comm.size();
+  for (std::size_t n : kSizes) {
+    std::vector<int64_t> sum(n), avg(n);
+    for (std::size_t i = 0; i < n; ++i) sum[i] = avg[i] = (int64_t{comm.rank()} << 40) + static_cast<int64_t>(i);
+    comm.allreduce(std::span<int64_t>(sum), ReduceOp::kSum, "test int64 sum");
+    comm.allreduce(std::span<int64_t>(avg), ReduceOp::kAverage, "test int64 average");
+    std::size_t bad_sum = 0, bad_avg = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      bad_sum += sum[i] != ((N * (N - 1) / 2) << 40) + N * static_cast<int64_t>(i);
+      bad_avg += avg[i] != (N * (N - 1) / 2 << 40) / N + static_cast<int64_t>(i);
+    }
+    EXPECT_EQ(bad_sum, 0u) << n << " elements";
+    EXPECT_EQ(bad_avg, 0u) << n << " elements";
+  }
+}
+
+// The asynchronous float path the gradient reducer uses: start_allreduce + wait, sum and average.
+TEST(Communicator, StartAllreduceThenWait) {
+  Communicator comm(MPI_COMM_WORLD);
+  const int N = comm.size();
+  for (std::size_t n : kSizes) {
+    std::vector<float> sum = ramp<float>(n, comm.rank()), avg = sum;
+    Pending ps = comm.start_allreduce(std::span<float>(sum), ReduceOp::kSum, "test async sum");
+    Pending pa = comm.start_allreduce(std::span<float>(avg), ReduceOp::kAverage, "test async average");
+    EXPECT_EQ(ps.active(), N > 1);
+    comm.wait(ps);
+    comm.wait(pa);
+    EXPECT_FALSE(ps.active());
+    comm.wait(ps);  // waiting again is harmless
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const float k = static_cast<float>(i % 97 + 1);
+      bad += sum[i] != N * (N + 1) / 2 * k || avg[i] != (N + 1) / 2.0f * k;
+    }
+    EXPECT_EQ(bad, 0u) << n << " elements";
+  }
+}
+
+// The half-precision sum: rank r sends (r + 1) * 0.5 (exact in fp16 and bf16); the sum
+// N (N + 1) / 4 is exact in both for N <= 4.
+TEST(Communicator, StartAllreduceHalfSumsInHalfPrecision) {
+  Communicator comm(MPI_COMM_WORLD);
+  const int N = comm.size();
+  for (HalfFormat format : {HalfFormat::kFp16, HalfFormat::kBf16}) {
+    const bool fp16 = format == HalfFormat::kFp16;
+    const float mine = (comm.rank() + 1) * 0.5f;
+    std::vector<uint16_t> buffer(1000, fp16 ? float_to_half(mine) : float_to_bfloat16(mine));
+    Pending p = comm.start_allreduce_half(std::span<uint16_t>(buffer), format, "test half sum");
+    comm.wait(p);
+    std::size_t bad = 0;
+    for (uint16_t h : buffer) bad += (fp16 ? half_to_float(h) : bfloat16_to_float(h)) != N * (N + 1) / 4.0f;
+    EXPECT_EQ(bad, 0u) << (fp16 ? "fp16" : "bf16");
+  }
+}
+
+TEST(Communicator, BroadcastFromRootZeroAndFromLastRank) {
+  Communicator comm(MPI_COMM_WORLD);
+  for (int root : {0, comm.size() - 1}) {
+    for (std::size_t n : kSizes) {
+      std::vector<float> f(n, -1.0f);
+      std::vector<int64_t> l(n, -1);
+      if (comm.rank() == root)
+        for (std::size_t i = 0; i < n; ++i) {
+          f[i] = static_cast<float>(i % 1000) * 3 + 7 + root;
+          l[i] = (int64_t{root + 1} << 36) + static_cast<int64_t>(i);
+        }
+      comm.broadcast(std::span<float>(f), root, "test broadcast float");
+      comm.broadcast(std::span<int64_t>(l), root, "test broadcast int64");
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < n; ++i)
+        bad += f[i] != static_cast<float>(i % 1000) * 3 + 7 + root || l[i] != (int64_t{root + 1} << 36) + static_cast<int64_t>(i);
+      EXPECT_EQ(bad, 0u) << "root " << root << ", " << n << " elements";
+    }
+  }
+}
+
+TEST(Communicator, AllgatherPlacesRankRAtOffsetRTimesCount) {
+  Communicator comm(MPI_COMM_WORLD);
+  const int N = comm.size();
+  for (std::size_t n : kSizes) {
+    std::vector<int32_t> send(n);
+    for (std::size_t i = 0; i < n; ++i) send[i] = comm.rank() * 10'000'000 + static_cast<int32_t>(i);
+    std::vector<int32_t> recv(n * N, -1);
+    comm.allgather(std::span<const int32_t>(send), std::span<int32_t>(recv), "test allgather");
+    std::size_t bad = 0;
+    for (int r = 0; r < N; ++r)
+      for (std::size_t i = 0; i < n; ++i) bad += recv[r * n + i] != r * 10'000'000 + static_cast<int32_t>(i);
+    EXPECT_EQ(bad, 0u) << n << " elements per rank";
+  }
+  // uint64 (the checksum path), one element.
+  const uint64_t mine = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(comm.rank() + 1);
+  std::vector<uint64_t> all(N);
+  comm.allgather(std::span<const uint64_t>(&mine, 1), std::span<uint64_t>(all), "test allgather u64");
+  for (int r = 0; r < N; ++r) EXPECT_EQ(all[r], 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(r + 1));
+}
+
+TEST(Communicator, AllgatherRejectsAWrongReceiveSize) {
+  Communicator comm(MPI_COMM_WORLD);
+  std::vector<float> send(3), recv(3 * comm.size() + 1);
+  // Checked before any MPI call, identically on every rank.
+  EXPECT_THROW(comm.allgather(std::span<const float>(send), std::span<float>(recv), "bad allgather"), Error);
+}
+
+// Rank 0 arrives 300 ms late; nobody may leave the barrier before it arrives.
+TEST(Communicator, BarrierWaitsForTheLastRank) {
+  Communicator comm(MPI_COMM_WORLD);
+  comm.barrier("test barrier 1");
+  const double t0 = MPI_Wtime();
+  if (comm.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  comm.barrier("test barrier 2");
+  const double waited = MPI_Wtime() - t0;
+  if (comm.size() > 1) EXPECT_GE(waited, 0.2) << "rank " << comm.rank() << " left the barrier early";
+}
+
+// A world of one: every collective is a no-op (values unchanged), allgather copies, nothing throws.
+TEST(Communicator, WorldOfOneIsANoOp) {
+  Communicator self(MPI_COMM_SELF);
+  EXPECT_EQ(self.size(), 1);
+  EXPECT_EQ(self.rank(), 0);
+  for (std::size_t n : kSizes) {
+    const std::vector<float> original = ramp<float>(n, test::rank() + 5);
+    std::vector<float> a = original, b = original, c = original, d = original;
+    std::vector<double> e(n, 2.5);
+    std::vector<int64_t> f(n, int64_t{1} << 50);
+    EXPECT_NO_THROW(self.allreduce(std::span<float>(a), ReduceOp::kSum, "self sum"));
+    EXPECT_NO_THROW(self.allreduce(std::span<float>(b), ReduceOp::kAverage, "self average"));
+    EXPECT_NO_THROW(self.allreduce(std::span<double>(e), ReduceOp::kAverage, "self double"));
+    EXPECT_NO_THROW(self.allreduce(std::span<int64_t>(f), ReduceOp::kAverage, "self int64"));
+    EXPECT_NO_THROW(self.broadcast(std::span<float>(c), 0, "self broadcast"));
+    Pending p = self.start_allreduce(std::span<float>(d), ReduceOp::kAverage, "self async");
+    EXPECT_FALSE(p.active());
+    EXPECT_NO_THROW(self.wait(p));
+    std::vector<uint16_t> h(n, float_to_half(1.5f));
+    Pending ph = self.start_allreduce_half(std::span<uint16_t>(h), HalfFormat::kFp16, "self half");
+    EXPECT_FALSE(ph.active());
+    EXPECT_NO_THROW(self.wait(ph));
+    EXPECT_EQ(a, original);
+    EXPECT_EQ(b, original);
+    EXPECT_EQ(c, original);
+    EXPECT_EQ(d, original);
+    EXPECT_EQ(e, std::vector<double>(n, 2.5));
+    EXPECT_EQ(f, std::vector<int64_t>(n, int64_t{1} << 50));
+    EXPECT_EQ(h, std::vector<uint16_t>(n, float_to_half(1.5f)));
+    std::vector<float> gathered(n, -1.0f);
+    EXPECT_NO_THROW(self.allgather(std::span<const float>(original), std::span<float>(gathered), "self allgather"));
+    EXPECT_EQ(gathered, original);
+  }
+  EXPECT_NO_THROW(self.barrier("self barrier"));
+  std::vector<float> empty;
+  EXPECT_NO_THROW(self.allreduce(std::span<float>(empty), ReduceOp::kSum, "self empty"));
+}
+
+// The watchdog's warning: rank 0 joins a barrier 1.5 s late; the others, with warning_s = 0.5 and
+// no abort, print "rank R has waited ... in <what>" once and then complete normally. (The abort
+// ends the process, so it is tested end to end in trainer_e2e.sh, case stall.)
+TEST(Communicator, WatchdogWarnsWhenAPeerIsLate) {
+  if (test::size() == 1) GTEST_SKIP() << "needs a peer";
+  Communicator comm(MPI_COMM_WORLD, StallPolicy{0.5, 0});
+  comm.barrier("sync before the stall test");
+  if (comm.rank() == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    comm.barrier("late barrier");
+  } else {
+    ::testing::internal::CaptureStderr();
+    comm.barrier("barrier of watchdog test 9");
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("rank " + std::to_string(comm.rank()) + " has waited"), std::string::npos) << err;
+    EXPECT_NE(err.find("barrier of watchdog test 9"), std::string::npos) << err;
+    EXPECT_EQ(err.find("has waited", err.find("has waited") + 1), std::string::npos) << "warned twice: " << err;
+  }
+}
+
+}  // namespace
+}  // namespace dptrain::distributed

@@ -1,0 +1,52 @@
+// Shared helpers for the MPI test executable: the process's World (created in main.cpp before any
+// test runs) and raw-MPI reference collectives, so that tests of the Communicator and of the code
+// built on it can check results with plain MPI calls that do not go through the code under test.
+//
+// Every test in this executable runs on all ranks in the same order. A test must issue the same
+// collectives on every rank whatever its assertions find: use EXPECT_* after the first collective,
+// and ASSERT_* / GTEST_SKIP() only on conditions that are identical on all ranks (e.g. world size).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "core/tensor.h"
+#include "distributed/world.h"
+
+namespace dptrain::distributed::test {
+
+World& world();  // defined in main.cpp
+
+inline int rank() { return world().rank(); }
+inline int size() { return world().size(); }
+
+// Rank 0's copy of `values`, obtained with a plain MPI_Bcast (not the Communicator under test).
+inline std::vector<float> root_copy(std::span<const float> values) {
+  std::vector<float> out(values.begin(), values.end());
+  MPI_Bcast(out.data(), static_cast<int>(out.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  return out;
+}
+
+// Every rank's copy of `values`, concatenated in rank order, with a plain MPI_Allgather.
+inline std::vector<float> gather_all(std::span<const float> values) {
+  std::vector<float> out(values.size() * static_cast<std::size_t>(size()));
+  MPI_Allgather(values.data(), static_cast<int>(values.size()), MPI_FLOAT, out.data(),
+                static_cast<int>(values.size()), MPI_FLOAT, MPI_COMM_WORLD);
+  return out;
+}
+
+// True on every rank iff `local` is true on every rank.
+inline bool all_ranks(bool local) {
+  int v = local ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return v == 1;
+}
+
+inline bool bitwise_equal(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace dptrain::distributed::test
