@@ -3,6 +3,7 @@
 #pragma once
 
 #include <set>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,10 @@ T ObjectReader::convert(const Json& value, const std::string& path) {
     return value.get<bool>();
   } else if constexpr (std::is_integral_v<T>) {
     if (!value.is_number_integer()) wrong("an integer");
+    // nlohmann's get<T>() wraps out-of-range values; a negative seed must not become 2^64 - 1.
+    const bool fits = value.is_number_unsigned() ? std::in_range<T>(value.get<uint64_t>())
+                                                 : std::in_range<T>(value.get<int64_t>());
+    if (!fits) wrong("an integer in range for this key");
     return value.get<T>();
   } else if constexpr (std::is_floating_point_v<T>) {
     if (!value.is_number()) wrong("a number");

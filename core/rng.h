@@ -33,7 +33,7 @@ class Rng {
 // A seed derived from a base seed and a name (FNV-1a), so e.g. each parameter's init does not
 // depend on how many parameters came before it.
 inline uint64_t derive_seed(uint64_t base, std::string_view name) {
-  uint64_t h = 1469598103934665603ull ^ base;
+  uint64_t h = 14695981039346656037ull ^ base;
   for (char c : name) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
   return h;
 }

@@ -126,14 +126,16 @@ File parse(const std::vector<char>& bytes, const std::string& source) {
       DPTRAIN_FAIL(source, ": tensor '", name, "' has a malformed entry: ", e.what());
     }
   }
+  // Empty tensors occupy no bytes and cannot overlap anything.
+  std::erase_if(spans, [](const Span& s) { return s.begin == s.end; });
   std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
   for (std::size_t i = 1; i < spans.size(); ++i)
     DPTRAIN_CHECK(spans[i].begin >= spans[i - 1].end, source, ": tensors '", spans[i - 1].name, "' and '",
                   spans[i].name, "' overlap");
   // Keep file order (by offset) so writers and readers agree on what "first" means.
-  std::sort(file.tensors.begin(), file.tensors.end(), [&](const NamedTensor& a, const NamedTensor& b) {
-    return header[a.name]["data_offsets"][0].get<uint64_t>() < header[b.name]["data_offsets"][0].get<uint64_t>();
-  });
+  const auto offsets = [&](const NamedTensor& t) { return header[t.name]["data_offsets"].get<std::vector<uint64_t>>(); };
+  std::stable_sort(file.tensors.begin(), file.tensors.end(),
+                   [&](const NamedTensor& a, const NamedTensor& b) { return offsets(a) < offsets(b); });
   return file;
 }
 

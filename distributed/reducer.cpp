@@ -133,23 +133,24 @@ void GradientReducer::launch(std::size_t b, bool async) {
 
 void GradientReducer::finish() {
   armed_ = false;
-  if (comm_.size() == 1) return;
   const float inv = 1.0f / static_cast<float>(comm_.size());
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    // What backward did not launch (overlap off, or parameters that got no gradient) goes now, in
-    // order: earlier buckets were launched first on every rank.
-    if (!launched_[b]) {
-      launch(b, /*async=*/false);
-    } else {
-      comm_.wait(pending_[b]);
-    }
     const std::span<float> grads = window(b);
     const int64_t n = static_cast<int64_t>(grads.size());
-    if (options_.compression == Compression::kNone) {
-      float* g = grads.data();
-      for (int64_t i = 0; i < n; ++i) g[i] *= inv;
-    } else {
-      halves_to_floats(flat_half_.data() + buckets_[b].offset, grads.data(), n, half_format());
+    if (comm_.size() > 1) {
+      // What backward did not launch (overlap off, or parameters that got no gradient) goes now, in
+      // order: earlier buckets were launched first on every rank.
+      if (!launched_[b]) {
+        launch(b, /*async=*/false);
+      } else {
+        comm_.wait(pending_[b]);
+      }
+      if (options_.compression == Compression::kNone) {
+        float* g = grads.data();
+        for (int64_t i = 0; i < n; ++i) g[i] *= inv;
+      } else {
+        halves_to_floats(flat_half_.data() + buckets_[b].offset, grads.data(), n, half_format());
+      }
     }
     if (all_finite(grads)) continue;
     for (std::size_t k : buckets_[b].parameters) {
@@ -162,6 +163,8 @@ void GradientReducer::finish() {
                         : "");
     }
   }
+  // The next step may skip prepare() (no overlap): nothing counts as launched then.
+  std::fill(launched_.begin(), launched_.end(), false);
 }
 
 }  // namespace dptrain::distributed

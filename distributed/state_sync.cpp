@@ -39,7 +39,7 @@ void broadcast_state(Communicator& comm, const std::vector<NamedTensor>& paramet
 }
 
 uint64_t verify_identical(Communicator& comm, const std::vector<NamedTensor>& parameters) {
-  uint64_t hash = 1469598103934665603ull;
+  uint64_t hash = 14695981039346656037ull;
   for (const NamedTensor& p : parameters) {
     const auto* bytes = reinterpret_cast<const unsigned char*>(p.tensor.data());
     for (int64_t i = 0; i < p.tensor.numel() * static_cast<int64_t>(sizeof(float)); ++i)

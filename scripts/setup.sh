@@ -3,8 +3,8 @@
 #
 #   scripts/setup.sh [--no-apt] [--no-data] [--with-torch]
 #
-# --with-torch (or DPTRAIN_WITH_TORCH=1) adds python3-torch/python3-numpy, needed only to regenerate
-# test fixtures. DPTRAIN_DATA_DIR puts MNIST somewhere other than <repo>/data/mnist.
+# --with-torch (or DPTRAIN_WITH_TORCH=1) adds python3-torch, python3-numpy and dataset-fashion-mnist,
+# needed only to regenerate test fixtures and to run the PyTorch side of the benchmarks. DPTRAIN_DATA_DIR puts MNIST somewhere other than <repo>/data/mnist.
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,7 +24,7 @@ done
 install_packages() {
   local wanted=(build-essential cmake libeigen3-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin
                 libgtest-dev zlib1g-dev libcli11-dev libopenblas-dev)
-  [[ "$with_torch" == 1 ]] && wanted+=(python3-torch python3-numpy)
+  [[ "$with_torch" == 1 ]] && wanted+=(python3-torch python3-numpy dataset-fashion-mnist)
   local missing=() pkg
   for pkg in "${wanted[@]}"; do
     # dpkg-query fails for never-seen packages and reports e.g. "deinstall ok config-files" for removed ones.

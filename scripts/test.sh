@@ -14,7 +14,7 @@ for arg in "$@"; do
 done
 # Open MPI refuses to run as root unless told; CI runs as root.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-scripts/setup.sh --with-torch
+scripts/setup.sh
 start=$(date +%s)
 echo "== Release build and tests =="
 scripts/build.sh build

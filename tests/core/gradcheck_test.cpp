@@ -17,6 +17,8 @@
 #include <cmath>
 #include <functional>
 #include <numeric>
+#include <ostream>
+#include <string>
 #include <vector>
 
 #include "core/autograd.h"
@@ -244,6 +246,8 @@ struct ConvCase {
   bool bias;
 };
 
+void PrintTo(const ConvCase& c, std::ostream* os) { *os << c.name; }
+
 class ConvGradCheck : public ::testing::TestWithParam<ConvCase> {};
 
 TEST_P(ConvGradCheck, ForwardAndGradients) {
@@ -280,6 +284,8 @@ struct PoolCase {
   Shape x;
   int kernel, stride;
 };
+
+void PrintTo(const PoolCase& c, std::ostream* os) { *os << c.name; }
 
 class PoolGradCheck : public ::testing::TestWithParam<PoolCase> {};
 

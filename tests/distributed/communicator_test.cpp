@@ -160,7 +160,7 @@ TEST(Communicator, AllgatherPlacesRankRAtOffsetRTimesCount) {
   const uint64_t mine = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(comm.rank() + 1);
   std::vector<uint64_t> all(N);
   comm.allgather(std::span<const uint64_t>(&mine, 1), std::span<uint64_t>(all), "test allgather u64");
-  for (int r = 0; r < N; ++r) EXPECT_EQ(all[r], 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(r + 1));
+  for (int r = 0; r < N; ++r) { EXPECT_EQ(all[r], 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(r + 1)); }
 }
 
 TEST(Communicator, AllgatherRejectsAWrongReceiveSize) {
@@ -178,7 +178,7 @@ TEST(Communicator, BarrierWaitsForTheLastRank) {
   if (comm.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
   comm.barrier("test barrier 2");
   const double waited = MPI_Wtime() - t0;
-  if (comm.size() > 1) EXPECT_GE(waited, 0.2) << "rank " << comm.rank() << " left the barrier early";
+  if (comm.size() > 1) { EXPECT_GE(waited, 0.2) << "rank " << comm.rank() << " left the barrier early"; }
 }
 
 // A world of one: every collective is a no-op (values unchanged), allgather copies, nothing throws.

@@ -29,14 +29,14 @@ constexpr double kTol = 1e-6;
 void expect_rows(const Tensor& t, std::array<double, 2> row, const char* what) {
   ASSERT_EQ(t.numel(), 6);
   for (int o = 0; o < 3; ++o)
-    for (int i = 0; i < 2; ++i) EXPECT_NEAR(t.data()[o * 2 + i], row[i], kTol) << what << " [" << o << ", " << i << "]";
+    for (int i = 0; i < 2; ++i) { EXPECT_NEAR(t.data()[o * 2 + i], row[i], kTol) << what << " [" << o << ", " << i << "]"; }
 }
 void expect_grad_rows(const Tensor& t, std::array<double, 2> row, const char* what) {
   for (int o = 0; o < 3; ++o)
-    for (int i = 0; i < 2; ++i) EXPECT_NEAR(t.grad()[o * 2 + i], row[i], kTol) << what << " [" << o << ", " << i << "]";
+    for (int i = 0; i < 2; ++i) { EXPECT_NEAR(t.grad()[o * 2 + i], row[i], kTol) << what << " [" << o << ", " << i << "]"; }
 }
 void expect_all(std::span<const float> v, double value, const char* what) {
-  for (std::size_t k = 0; k < v.size(); ++k) EXPECT_NEAR(v[k], value, kTol) << what << " [" << k << "]";
+  for (std::size_t k = 0; k < v.size(); ++k) { EXPECT_NEAR(v[k], value, kTol) << what << " [" << k << "]"; }
 }
 
 // With overlap on, a bucket's allreduce may run in place on the gradients while backward goes on,

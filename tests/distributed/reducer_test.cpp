@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -59,7 +61,7 @@ void check_layout_basics(const std::vector<int64_t>& sizes, const ReducerOptions
     }
     EXPECT_GE(bucket.numel, numel) << "bucket " << b;
     end = bucket.offset + bucket.numel;
-    if (o.fusion_threshold_mb == 0) EXPECT_EQ(bucket.parameters.size(), 1u) << "bucket " << b;
+    if (o.fusion_threshold_mb == 0) { EXPECT_EQ(bucket.parameters.size(), 1u) << "bucket " << b; }
   }
   std::vector<std::size_t> reverse(sizes.size());
   std::iota(reverse.rbegin(), reverse.rend(), std::size_t{0});
@@ -83,9 +85,10 @@ void check_layout_rule(const std::vector<int64_t>& sizes, const ReducerOptions& 
     offset += numel;
     if (o.fusion_threshold_mb == 0) continue;
     const int64_t cap = b == 0 ? floats_in(std::min(o.first_bucket_mb, o.fusion_threshold_mb)) : floats_in(o.fusion_threshold_mb);
-    if (bucket.parameters.size() > 1) EXPECT_LE(bucket.numel, cap) << "bucket " << b;
-    if (b + 1 < buckets.size())
+    if (bucket.parameters.size() > 1) { EXPECT_LE(bucket.numel, cap) << "bucket " << b; }
+    if (b + 1 < buckets.size()) {
       EXPECT_GT(bucket.numel + sizes[buckets[b + 1].parameters.front()], cap) << "bucket " << b << " was not filled greedily";
+    }
   }
 }
 
@@ -140,7 +143,7 @@ TEST(ReducerBuckets, ThresholdZeroMeansOneBucketPerTensor) {
   GradientReducer reducer(comm, flat_parameters(sizes), o);
   const auto& b = reducer.buckets();
   ASSERT_EQ(b.size(), sizes.size());
-  for (std::size_t i = 0; i < b.size(); ++i) EXPECT_EQ(b[i].parameters, std::vector<std::size_t>{sizes.size() - 1 - i});
+  for (std::size_t i = 0; i < b.size(); ++i) { EXPECT_EQ(b[i].parameters, std::vector<std::size_t>{sizes.size() - 1 - i}); }
   check_layout_basics(sizes, o, b);
 }
 
@@ -356,9 +359,11 @@ TEST(GradientReducer, AverageMatchesClosedFormForEveryFusionAndOverlapSetting) {
   // Every setting sums the same per-rank values. With two ranks a + b does not depend on how the
   // buffer is cut into buckets, so the results are bitwise identical; with more ranks MPI may pick
   // a different reduction order per message size, so only the closed-form bound above applies.
-  if (N <= 2)
-    for (std::size_t s = 1; s < results.size(); ++s)
+  if (N <= 2) {
+    for (std::size_t s = 1; s < results.size(); ++s) {
       EXPECT_TRUE(test::bitwise_equal(results[s], results[0])) << "setting " << s << " differs bitwise from setting 0";
+    }
+  }
   // Every rank ends with the same averaged gradients, bit for bit.
   EXPECT_TRUE(test::bitwise_equal(test::root_copy(results[0]), results[0]));
 }
@@ -461,7 +466,10 @@ TEST(GradientReducer, CompressedAverageStaysWithinTheRoundingBound) {
       }
       const std::string what = to_string(compression) + ", fusion " + std::to_string(s.fusion_mb) + " MB";
       EXPECT_EQ(bad, 0u) << what << ": worst err / bound = " << worst_ratio;
-      if (N > 1) EXPECT_EQ(catches_skipped_division, non_cancelling) << what;
+      if (std::getenv("DPTRAIN_TEST_VERBOSE") && test::rank() == 0)
+        std::printf("%s: worst err / bound = %.3f, %zu of %zu elements non-cancelling\n", what.c_str(), worst_ratio,
+                    non_cancelling, local.size());
+      if (N > 1) { EXPECT_EQ(catches_skipped_division, non_cancelling) << what; }
       EXPECT_GT(non_cancelling, local.size() / 2) << what;
     }
 }
@@ -473,7 +481,7 @@ TEST(GradientReducer, LargeGradientsAverageToAFiniteAccurateValue) {
   const int N = test::size();
   for (Compression compression : {Compression::kFp16, Compression::kBf16})
     for (float g : {40000.0f, 60000.0f}) {
-      if (N >= 2) ASSERT_GT(static_cast<double>(g) * N, 65504.0);  // the unscaled sum would overflow fp16
+      if (N >= 2) { ASSERT_GT(static_cast<double>(g) * N, 65504.0); }  // the unscaled sum would overflow fp16
       const Tensor w = Tensor::from_data({1, 1}, std::vector<float>{0.5f}, true);
       const Tensor b = Tensor::from_data({1}, std::vector<float>{0.0f}, true);
       Communicator comm(MPI_COMM_WORLD);
@@ -498,6 +506,7 @@ TEST(GradientReducer, LargeGradientsAverageToAFiniteAccurateValue) {
 // The weight is registered first, so it sits in the last bucket: the throw comes after every
 // bucket was waited on (an earlier bucket would leave later collectives in flight).
 TEST(GradientReducer, NonFiniteGradientOnOneRankThrowsNamingStepBucketAndParameter) {
+  if (test::size() == 1) GTEST_SKIP() << "one rank: see NonFiniteGradientThrowsInAWorldOfOneToo";
   autograd::clear_tape();
   const int bad_rank = test::size() - 1;
   for (Compression compression : {Compression::kNone, Compression::kFp16, Compression::kBf16})
@@ -520,6 +529,7 @@ TEST(GradientReducer, NonFiniteGradientOnOneRankThrowsNamingStepBucketAndParamet
         }
         const std::string what = to_string(compression) + ", fusion " + std::to_string(fusion) + ", poison " + std::to_string(poison);
         EXPECT_FALSE(message.empty()) << what << ": finish() did not throw on rank " << test::rank();
+        if (message.empty()) continue;
         EXPECT_NE(message.find("step 17"), std::string::npos) << what << ": " << message;
         EXPECT_NE(message.find("dense_in.weight"), std::string::npos) << what << ": " << message;
         EXPECT_NE(message.find(fusion == 0 ? "bucket 1" : "bucket 0"), std::string::npos) << what << ": " << message;
@@ -528,6 +538,22 @@ TEST(GradientReducer, NonFiniteGradientOnOneRankThrowsNamingStepBucketAndParamet
 
 // ---------------------------------------------------------------------------------------------
 // A world of one
+
+// finish() documents "Throws if an average is not finite"; with one rank the average is the local
+// gradient, and a NaN there must not be applied silently either (the same config would throw at
+// 2 ranks).
+TEST(GradientReducer, NonFiniteGradientThrowsInAWorldOfOneToo) {
+  autograd::clear_tape();
+  const Tensor w = Tensor::from_data({2, 3}, std::vector<float>(6, 0.5f), true);
+  const Tensor b = Tensor::from_data({2}, std::vector<float>(2, 0.0f), true);
+  Communicator self(MPI_COMM_SELF);
+  GradientReducer reducer(self, {{"dense_in.weight", w}, {"dense_in.bias", b}}, ReducerOptions{});
+  std::vector<float> xs(4 * 3, 1.0f);
+  xs[5] = std::numeric_limits<float>::quiet_NaN();
+  reducer.prepare(17);
+  ops::sum(ops::linear(Tensor::from_data({4, 3}, xs), w, b)).backward();
+  EXPECT_THROW(reducer.finish(), Error);
+}
 
 TEST(GradientReducer, WorldOfOneLeavesGradientsAlone) {
   autograd::clear_tape();

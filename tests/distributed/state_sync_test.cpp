@@ -87,7 +87,7 @@ TEST(StateSync, BroadcastStateMakesParametersAndAdamStateBitwiseRankZeros) {
     root_before.push_back(test::root_copy(t.tensor.values()));
     differing += !test::bitwise_equal(root_before.back(), t.tensor.values());
   }
-  if (r != 0) EXPECT_EQ(differing, tensors.size()) << "premise: rank " << r << " should start different everywhere";
+  if (r != 0) { EXPECT_EQ(differing, tensors.size()) << "premise: rank " << r << " should start different everywhere"; }
 
   int64_t steps = rep.adam->steps_taken();
   EXPECT_EQ(steps, r + 1);
@@ -95,23 +95,23 @@ TEST(StateSync, BroadcastStateMakesParametersAndAdamStateBitwiseRankZeros) {
   broadcast_state(comm, rep.adam->parameters(), rep.adam->state(), std::span<int64_t>(&steps, 1));
   rep.adam->set_steps_taken(steps);
 
-  for (std::size_t k = 0; k < tensors.size(); ++k)
+  for (std::size_t k = 0; k < tensors.size(); ++k) {
     EXPECT_TRUE(test::bitwise_equal(tensors[k].tensor.values(), root_before[k]))
         << tensors[k].name << " on rank " << r << " is not rank 0's";
+  }
   EXPECT_EQ(steps, 1) << "step counter";
   EXPECT_EQ(rep.adam->steps_taken(), 1);
 
   // Checksums: verify_identical returns the same value everywhere, equal to FNV-1a of the parameters.
   uint64_t sum = 0;
   EXPECT_NO_THROW(sum = verify_identical(comm, rep.adam->parameters()));
-  EXPECT_EQ(sum, fnv1a(rep.adam->parameters()));
-  for (uint64_t s : gather_u64(sum)) EXPECT_EQ(s, sum);
+  for (uint64_t s : gather_u64(sum)) { EXPECT_EQ(s, sum); }
   // And the optimizer state agrees too.
-  for (uint64_t s : gather_u64(fnv1a(rep.adam->state()))) EXPECT_EQ(s, fnv1a(rep.adam->state()));
+  for (uint64_t s : gather_u64(fnv1a(rep.adam->state()))) { EXPECT_EQ(s, fnv1a(rep.adam->state())); }
 
   // The next step from identical state stays identical (same gradients on every rank).
   rep.train(1, 1000);
-  for (uint64_t s : gather_u64(fnv1a(tensors))) EXPECT_EQ(s, fnv1a(tensors));
+  for (uint64_t s : gather_u64(fnv1a(tensors))) { EXPECT_EQ(s, fnv1a(tensors)); }
 }
 
 TEST(StateSync, BroadcastStateCarriesSeveralScalars) {
@@ -154,6 +154,22 @@ TEST(StateSync, WorldOfOneIsANoOp) {
   EXPECT_NO_THROW(broadcast_state(self, rep.adam->parameters(), rep.adam->state(), std::span<int64_t>(&steps, 1)));
   EXPECT_EQ(fnv1a(rep.everything()), before);
   EXPECT_EQ(steps, 2);
+  uint64_t sum = 0;
+  EXPECT_NO_THROW(sum = verify_identical(self, rep.adam->parameters()));
+  Replica other(static_cast<uint64_t>(test::rank()) + 8);
+  EXPECT_NE(verify_identical(self, other.adam->parameters()), sum);
+}
+
+// state_sync.h documents the checksum as "FNV-1a over the parameters' bytes": 64-bit FNV-1a has
+// offset basis 14695981039346656037 (0xcbf29ce484222325) and prime 1099511628211. Checked on a
+// single tensor { 1.0f } (bytes 00 00 80 3f) and on the CNN's parameters.
+TEST(StateSync, ChecksumIsStandardFnv1a) {
+  Communicator self(MPI_COMM_SELF);
+  const std::vector<NamedTensor> one = {{"x", Tensor::from_data({1}, std::vector<float>{1.0f})}};
+  uint64_t expected = 14695981039346656037ull;
+  for (unsigned char byte : {0x00, 0x00, 0x80, 0x3f}) expected = (expected ^ byte) * 1099511628211ull;
+  EXPECT_EQ(verify_identical(self, one), expected);
+  Replica rep(3);
   EXPECT_EQ(verify_identical(self, rep.adam->parameters()), fnv1a(rep.adam->parameters()));
 }
 

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Data-parallel scaling on this machine, one thread per rank, batch 128 per rank, in one run:
+#   T1       ours, 1 rank
+#   T2       ours, mpirun -np 2
+#   ceiling  two independent 1-rank runs at the same time, one per core, summed: what two ranks
+#            could reach with communication for free (memory bandwidth and caches are shared)
+#   DDP      PyTorch DistributedDataParallel (gloo) on the same model, ../shared/anchors/torch_ddp.py
+# Efficiency = T2 / (2 T1); "of ceiling" = T2 / ceiling.
+#
+#   bench/scaling_vs_ddp.sh [build-dir] [model: cnn|mlp]
+set -euo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${1:-$repo_root/build}"
+model="${2:-cnn}"
+anchors="$repo_root/../shared/anchors"
+bench="$build/bench/train_bench"
+[[ -x "$bench" ]] || { echo "scaling_vs_ddp: $bench not built" >&2; exit 1; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+config="$repo_root/configs/mnist.json"; steps=60
+[[ $model == mlp ]] && { config="$repo_root/configs/mnist_mlp.json"; steps=600; }
+args=(--config "$config" --threads 1 --steps "$steps" --reps 5)
+result() { sed -n 's/^RESULT //p' | /usr/bin/python3 -c 'import json,sys; r=json.load(sys.stdin); v=r.get("samples_per_sec", r.get("samples_per_s")); print(v["median"] if isinstance(v, dict) else v)'; }
+
+t1=$(taskset -c 0 "$bench" "${args[@]}" | result)
+t2=$(mpirun -np 2 --bind-to core "$bench" "${args[@]}" | result)
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+taskset -c 0 "$bench" "${args[@]}" > "$tmp/a" & taskset -c 1 "$bench" "${args[@]}" > "$tmp/b"; wait
+ceiling=$(/usr/bin/python3 -c "print($(result < "$tmp/a") + $(result < "$tmp/b"))")
+
+ddp="n/a"
+if [[ -f "$anchors/torch_ddp.py" ]] && /usr/bin/python3 -c 'import torch' 2>/dev/null && [[ -d /usr/share/datasets/fashion-mnist ]]; then
+  d1=$(/usr/bin/python3 "$anchors/torch_ddp.py" --np 1 --model "$model" --steps "$steps" --reps 5 --pin 2>/dev/null | result)
+  d2=$(/usr/bin/python3 "$anchors/torch_ddp.py" --np 2 --model "$model" --steps "$steps" --reps 5 --pin 2>/dev/null | result)
+  ddp=$(/usr/bin/python3 -c "print(f'{$d2/(2*$d1):.3f} ({$d1:,.0f} -> {$d2:,.0f} samples/s)')")
+else
+  echo "(PyTorch DDP skipped: needs /usr/bin/python3 with torch, dataset-fashion-mnist and $anchors)"
+fi
+/usr/bin/python3 - <<PY
+t1, t2, c = $t1, $t2, $ceiling
+print(f"model {'$model'}: 1 rank {t1:,.0f} samples/s | 2 ranks {t2:,.0f} | ceiling (2 independent) {c:,.0f}")
+print(f"efficiency T2/(2 T1) = {t2/(2*t1):.3f} | T2 / ceiling = {t2/c:.3f} | PyTorch DDP (gloo) efficiency = $ddp")
+PY

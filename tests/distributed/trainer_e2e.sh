@@ -1,0 +1,249 @@
+#!/usr/bin/env bash
+# End-to-end checks of the real `trainer` under mpirun (registered in ctest as e2e_<case>).
+#
+#   trainer_e2e.sh CASE TRAINER SOURCE_DIR SCRATCH_DIR [MPIEXEC]
+#
+# Cases (each well under a minute on 2 cores; MNIST cases exit 77 = skipped when data/mnist is absent):
+#   equivalence_sgd, equivalence_adam  1 rank x batch 128 == 2 ranks x 64 == 4 ranks x 32 (20 steps)
+#   fusion_overlap_np2, _np4           fusion threshold / overlap settings give bitwise identical weights
+#   linear_regression                  4 ranks recover y = 5a + 3b + 2c + d; 1 rank x batch 1000 agrees
+#   fp16_compression                   fp16 compression stays close to fp32 (50 steps, 2 ranks)
+#   fault_injection                    a rank that throws takes the job down within 10 s, naming itself
+#   stall_watchdog                     a SIGSTOPped rank: the peer warns, then aborts the job
+set -u
+CASE=$1 TRAINER=$2 SRC=$3 SCRATCH=$4 MPIEXEC=${5:-mpirun}
+PY=/usr/bin/python3
+WEIGHTS="$PY $SRC/tests/distributed/compare_weights.py"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMP_NUM_THREADS=1  # with threads = 1 in every run: one core per rank, deterministic kernels
+
+rm -rf "$SCRATCH"
+mkdir -p "$SCRATCH"
+cd "$SCRATCH" || exit 1
+
+# Seconds since $1 (a `date +%s.%N` stamp), one decimal.
+since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+
+fail() {
+  echo "FAIL: $*"
+  exit 1
+}
+
+need_mnist() {
+  if [ ! -e "$SRC/data/mnist/train-images-idx3-ubyte" ] && [ ! -e "$SRC/data/mnist/train-images-idx3-ubyte.gz" ]; then
+    echo "SKIP: $SRC/data/mnist is absent (scripts/setup.sh fetches it)"
+    exit 77
+  fi
+}
+
+# train NP NAME CONFIG [--set k=v ...]: runs the trainer on NP ranks (1: without mpirun), output in
+# $SCRATCH/NAME/ (model.safetensors) with stdout and stderr in NAME.out / NAME.err.
+train() {
+  local np=$1 name=$2 config=$3
+  shift 3
+  local cmd=("$TRAINER" --config "$SRC/configs/$config" --set "output_dir=\"$SCRATCH/$name\"" --set threads=1
+             --set "data.dir=\"$SRC/data/mnist\"" "$@")
+  if [ "$np" -gt 1 ]; then
+    cmd=("$MPIEXEC" -np "$np" --oversubscribe "${cmd[@]}")
+  fi
+  local start=$(date +%s.%N)
+  "${cmd[@]}" >"$name.out" 2>"$name.err"
+  local rc=$?
+  printf '  %-28s np %d  %5.1f s  exit %d\n' "$name" "$np" "$(since "$start")" "$rc"
+  if [ $rc -ne 0 ]; then
+    echo "---- $name stderr ----"
+    tail -20 "$name.err"
+    fail "$name exited with $rc"
+  fi
+  [ -s "$SCRATCH/$name/model.safetensors" ] || fail "$name wrote no model.safetensors"
+}
+
+# The MNIST MLP for 20 steps, no LR scaling: only the split of the global batch differs.
+MLP=(--set training.max_steps=20 --set optimizer.lr_scaling=none --set training.epochs=1)
+
+case "$CASE" in
+  equivalence_sgd | equivalence_adam)
+    need_mnist
+    if [ "$CASE" = equivalence_sgd ]; then
+      OPT=(--set optimizer.type=sgd --set optimizer.lr=0.05 --set optimizer.momentum=0.9)
+    else
+      OPT=(--set optimizer.type=adam --set optimizer.lr=0.001)
+    fi
+    train 1 np1 mnist_mlp.json "${MLP[@]}" "${OPT[@]}" --set data.batch_size=128
+    train 2 np2 mnist_mlp.json "${MLP[@]}" "${OPT[@]}" --set data.batch_size=64
+    train 4 np4 mnist_mlp.json "${MLP[@]}" "${OPT[@]}" --set data.batch_size=32
+    # Float rounding only (summation order of the batch split, then of the allreduce). Per tensor,
+    # max|diff| / max|w| measured <= 3.4e-7 (SGD) and 2.9e-6 (Adam); 1e-5 leaves margin and still
+    # catches real differences: an LR scaled by the world size gives 0.59, batch 128 per rank 0.16.
+    for n in 2 4; do
+      echo "np1 vs np$n:"
+      $WEIGHTS close np1/model.safetensors np$n/model.safetensors 1e-5 || fail "np1 and np$n differ"
+    done
+    ;;
+
+  fusion_overlap_np2 | fusion_overlap_np4)
+    need_mnist
+    NP=${CASE##*_np}
+    if [ "$NP" = 4 ]; then
+      # With 4 ranks the order in which MPI adds the four contributions depends on the algorithm Open
+      # MPI picks per message size, and buckets change message sizes (pinning "ring" instead makes
+      # fusion 0 and 128 differ in the last bits). Pin one whose per-element order does not depend
+      # on the message size, recursive doubling, for MPI_Allreduce (coll/tuned, what the
+      # communicator uses); then the weights must be bitwise identical. Without the parameter, fall
+      # back to the tolerance of the equivalence cases.
+      if ompi_info --param coll tuned --level 9 2>/dev/null | grep -q '"coll_tuned_allreduce_algorithm"' &&
+         ompi_info --param coll tuned --level 9 2>/dev/null | grep -q '3:"recursive_doubling"'; then
+        export OMPI_MCA_coll_tuned_use_dynamic_rules=1 OMPI_MCA_coll_tuned_allreduce_algorithm=recursive_doubling
+        EXACT=1
+      else
+        echo "note: coll_tuned_allreduce_algorithm not available; comparing within 1e-5 instead of bitwise"
+        EXACT=0
+      fi
+      # The same for MPI_Iallreduce (libnbc), in case the communicator uses non-blocking collectives.
+      if ompi_info --param coll libnbc --level 9 2>/dev/null | grep -q '"coll_libnbc_iallreduce_algorithm"'; then
+        export OMPI_MCA_coll_libnbc_iallreduce_algorithm=recursive_doubling
+      fi
+    else
+      EXACT=1  # two ranks: a + b == b + a, whatever the algorithm
+    fi
+    OPT=(--set optimizer.type=adam --set data.batch_size=64)
+    first=""
+    for fusion in 0 0.1 1 128; do
+      for overlap in true false; do
+        name=f${fusion}_o${overlap}
+        train "$NP" "$name" mnist_mlp.json "${MLP[@]}" "${OPT[@]}" --set distributed.fusion_threshold_mb=$fusion \
+          --set distributed.overlap=$overlap
+        grep -o 'gradients: [0-9]* bucket(s)' "$name.out" | sed 's/^/    /'
+        if [ -z "$first" ]; then
+          first=$name
+        elif [ "$EXACT" = 1 ]; then
+          cmp "$first/model.safetensors" "$name/model.safetensors" || fail "$name differs from $first"
+        else
+          $WEIGHTS close "$first/model.safetensors" "$name/model.safetensors" 1e-5 || fail "$name differs from $first"
+        fi
+      done
+    done
+    echo "all settings identical to $first ($([ "$EXACT" = 1 ] && echo bitwise || echo within 1e-5))"
+    ;;
+
+  linear_regression)
+    # 1000 samples of y = 5a + 3b + 2c + d without noise; 4 ranks x 250 = one full-batch step per
+    # epoch, 400 epochs of SGD lr 0.01. Measured [4.998, 2.998, 2.0005, 1.0002].
+    train 4 np4 linear_regression.json
+    $WEIGHTS expect np4/model.safetensors 0.weight 1e-2 5 3 2 1 || fail "np4 did not recover the coefficients"
+    # One rank with the whole batch takes the same full-batch steps.
+    train 1 np1 linear_regression.json --set data.batch_size=1000
+    $WEIGHTS close np4/model.safetensors np1/model.safetensors 1e-5 || fail "np1 x 1000 differs from np4 x 250"
+    ;;
+
+  fp16_compression)
+    need_mnist
+    # 2 ranks x 64. "init" (lr 0) is the starting point, to measure how far each run travelled.
+    BASE=(--set training.epochs=1 --set data.batch_size=64)
+    SGD1=(--set training.max_steps=1 --set optimizer.type=sgd --set optimizer.lr=0.05)
+    train 1 init mnist_mlp.json "${BASE[@]}" "${SGD1[@]}" --set optimizer.lr=0
+    # (1) One SGD step: the update is -lr * gradient, so the compressed update differs from fp32's
+    # by the compression error of the averaged gradient, <= (N + 1) u per element (see
+    # reducer_test.cpp; u = 2^-11 fp16, 2^-8 bf16), hence in L2 relative to the update:
+    # fp16 3 * 2^-11 = 1.5e-3, bf16 3 * 2^-8 = 1.2e-2. Measured fp16 ~3e-4.
+    for c in none fp16 bf16; do train 2 sgd1_$c mnist_mlp.json "${BASE[@]}" "${SGD1[@]}" --set distributed.compression=$c; done
+    echo "one SGD step, fp16 vs none:"
+    $WEIGHTS update sgd1_none/model.safetensors sgd1_fp16/model.safetensors init/model.safetensors 1.5e-3 || fail "fp16 step off"
+    echo "one SGD step, bf16 vs none:"
+    $WEIGHTS update sgd1_none/model.safetensors sgd1_bf16/model.safetensors init/model.safetensors 1.2e-2 || fail "bf16 step off"
+    # (2) 50 steps of the config's Adam: training amplifies the per-step rounding (at 1, 5, 20
+    # steps of SGD the relative stray grows 3e-4, 1.7e-3, 1.7e-2), and Adam turns gradients that
+    # fp16 rounds or flushes (|g| / 2 < 2^-25) into full-size steps. Limit: the compressed weights
+    # stray from fp32's by <= 10% of the distance fp32's travelled from init (measured fp16 2.8e-2,
+    # bf16 4.6e-2), and the test accuracy is within 1 point.
+    for c in none fp16 bf16; do train 2 adam_$c mnist_mlp.json "${BASE[@]}" --set training.max_steps=50 --set distributed.compression=$c; done
+    echo "50 Adam steps, fp16 vs none:"
+    $WEIGHTS update adam_none/model.safetensors adam_fp16/model.safetensors init/model.safetensors 0.1 || fail "fp16 drifted"
+    echo "50 Adam steps, bf16 vs none:"
+    $WEIGHTS update adam_none/model.safetensors adam_bf16/model.safetensors init/model.safetensors 0.1 || fail "bf16 drifted"
+    $PY - "$SCRATCH" <<'PYEOF' || fail "compressed runs lost accuracy"
+import json, sys
+acc = {k: json.loads(open(f"{sys.argv[1]}/adam_{k}/metrics.jsonl").read().splitlines()[-1])["test_accuracy"]
+       for k in ("none", "fp16", "bf16")}
+print("  test accuracy after 50 steps:", {k: round(v, 4) for k, v in acc.items()})
+sys.exit(0 if abs(acc["fp16"] - acc["none"]) <= 0.01 and abs(acc["bf16"] - acc["none"]) <= 0.01 else 1)
+PYEOF
+    ;;
+
+  fault_injection)
+    need_mnist
+    # A rank throws at optimizer step 5 (trainer/train.cpp, DPTRAIN_INJECT_FAULT=RANK:STEP) while its
+    # peer is in (or about to enter) a collective. The whole job must end, non-zero, within 10 s,
+    # and stderr must name the failing rank and the cause. Once for rank 1, once for rank 0.
+    for r in 1 0; do
+      start=$(date +%s.%N)
+      DPTRAIN_INJECT_FAULT=$r:5 timeout -k 5 10 "$MPIEXEC" -np 2 --oversubscribe -x DPTRAIN_INJECT_FAULT "$TRAINER" \
+        --config "$SRC/configs/mnist_mlp.json" --set "output_dir=\"$SCRATCH/fault$r\"" --set threads=1 \
+        --set "data.dir=\"$SRC/data/mnist\"" >fault$r.out 2>fault$r.err
+      rc=$?
+      took=$(since "$start")
+      echo "  fault on rank $r: exit $rc after $took s"
+      echo "---- stderr ----"
+      cat fault$r.err
+      [ $rc -ne 0 ] || fail "the job exited 0"
+      [ $rc -ne 124 ] && [ $rc -ne 137 ] || fail "the job was still running after 10 s (timeout killed it)"
+      awk -v t="$took" 'BEGIN { exit !(t < 10) }' || fail "took $took s (> 10 s)"
+      grep -q "rank $r" fault$r.err || fail "stderr does not name rank $r"
+      grep -q "fault injected" fault$r.err || fail "stderr does not say 'fault injected'"
+    done
+    ;;
+
+  stall_watchdog)
+    need_mnist
+    # Rank 1 is frozen with SIGSTOP once training runs; rank 0 then waits in a collective. With
+    # stall_warning_s = 1 and stall_abort_s = 3 it must print "has waited" and end the job non-zero.
+    "$MPIEXEC" -np 2 --oversubscribe "$TRAINER" --config "$SRC/configs/mnist_mlp.json" \
+      --set "output_dir=\"$SCRATCH/stall\"" --set threads=1 --set "data.dir=\"$SRC/data/mnist\"" \
+      --set distributed.stall_warning_s=1 --set distributed.stall_abort_s=3 --set training.epochs=50 \
+      --set data.batch_size=32 \
+      >stall.out 2>stall.err &
+    job=$!
+    victim=""
+    cleanup() {
+      [ -n "$victim" ] && kill -KILL "$victim" 2>/dev/null
+      kill -KILL "$job" 2>/dev/null
+    }
+    trap cleanup EXIT
+    # Wait (up to 30 s) for the start-up line (printed after the initial broadcast), let training
+    # run for a moment, then find rank 1 among mpirun's children.
+    for _ in $(seq 300); do
+      grep -q "parameters identical" stall.out 2>/dev/null && break
+      kill -0 "$job" 2>/dev/null || break
+      sleep 0.1
+    done
+    sleep 0.5
+    for pid in $(pgrep -P "$job"); do
+      if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then victim=$pid; fi
+    done
+    [ -n "$victim" ] || { cat stall.out stall.err; fail "could not find rank 1's process"; }
+    kill -STOP "$victim"
+    start=$(date +%s.%N)
+    for _ in $(seq 150); do
+      kill -0 "$job" 2>/dev/null || break
+      sleep 0.1
+    done
+    took=$(since "$start")
+    if kill -0 "$job" 2>/dev/null; then
+      cat stall.err
+      fail "the job was still running 15 s after rank 1 stopped"
+    fi
+    wait "$job"
+    rc=$?
+    echo "  exit $rc, $took s after SIGSTOP of rank 1 (pid $victim)"
+    echo "---- stderr ----"
+    cat stall.err
+    [ $rc -ne 0 ] || fail "the job exited 0"
+    grep -q "rank 0 has waited" stall.err || fail "no 'rank 0 has waited' warning"
+    awk -v t="$took" 'BEGIN { exit !(t < 10) }' || fail "took $took s (> 10 s)"
+    ;;
+
+  *)
+    fail "unknown case '$CASE'"
+    ;;
+esac
+echo "PASS: $CASE"
