@@ -32,7 +32,8 @@ bool any_requires_grad(std::initializer_list<const Tensor*> inputs);
 // marks the output as requiring grad. Call only when any_requires_grad(inputs) is true.
 void record(const Tensor& output, std::initializer_list<const Tensor*> inputs, std::function<void()> backward);
 
-// Seeds d(root)/d(root) = seed for a scalar root, replays the tape in reverse and clears it.
+// Seeds d(root)/d(root) = seed for a scalar root and replays, in reverse, the recorded ops the root
+// depends on, removing them from the tape; ops of other graphs stay for their own backward.
 void backward(const Tensor& root, float seed = 1.0f);
 
 // Drops everything recorded (e.g. after a forward pass whose loss is not differentiated).

@@ -547,5 +547,27 @@ TEST(OpErrors, MismatchedShapesThrow) {
   EXPECT_THROW(ops::mse(a, random_tensor({3, 2}, 100, false)), Error);
 }
 
+// conv2d with fuse_relu must be relu(conv2d(...)) exactly: the same float operations in the same
+// order, forward and backward (the mask y > 0 equals pre-activation > 0). Chunking is exercised by a
+// batch larger than one chunk of the second MNIST layer's geometry.
+TEST(FusedConvRelu, EqualsConvThenReluBitwise) {
+  for (const auto& [stride, pad] : {std::pair{1, 0}, std::pair{2, 1}}) {
+    SCOPED_TRACE("stride " + std::to_string(stride) + " padding " + std::to_string(pad));
+    const Tensor x = random_tensor({9, 32, 13, 13}, 11), w = random_tensor({64, 32, 3, 3}, 12),
+                 b = random_tensor({64}, 13);
+    const Tensor x2 = x.clone(), w2 = w.clone(), b2 = b.clone();
+    for (const Tensor* t : {&x2, &w2, &b2}) t->set_requires_grad(true);
+    const Tensor fused = ops::conv2d(x, w, b, {stride, pad, /*fuse_relu=*/true});
+    const Tensor plain = ops::relu(ops::conv2d(x2, w2, b2, {stride, pad}));
+    ASSERT_EQ(fused.shape(), plain.shape());
+    for (int64_t i = 0; i < fused.numel(); ++i) ASSERT_EQ(fused.data()[i], plain.data()[i]) << "output " << i;
+    const Projection p(fused.numel(), 14);
+    p.graph(fused).backward();
+    p.graph(plain).backward();
+    for (const auto& [a, c] : {std::pair{&x, &x2}, std::pair{&w, &w2}, std::pair{&b, &b2}})
+      for (int64_t i = 0; i < a->numel(); ++i) ASSERT_EQ(a->grad()[i], c->grad()[i]) << "gradient " << i;
+  }
+}
+
 }  // namespace
 }  // namespace dptrain

@@ -4,10 +4,11 @@
 #   trainer_e2e.sh CASE TRAINER SOURCE_DIR SCRATCH_DIR [MPIEXEC]
 #
 # Cases (each well under a minute on 2 cores; MNIST cases exit 77 = skipped when data/mnist is absent):
-#   equivalence_sgd, equivalence_adam  1 rank x batch 128 == 2 ranks x 64 == 4 ranks x 32 (20 steps)
+#   equivalence_sgd, equivalence_adam  CNN: 1 rank x batch 128 == 2 ranks x 64 == 4 ranks x 32 (20 steps)
 #   fusion_overlap_np2, _np4           fusion threshold / overlap settings give bitwise identical weights
 #   linear_regression                  4 ranks recover y = 5a + 3b + 2c + d; 1 rank x batch 1000 agrees
 #   fp16_compression                   fp16 compression stays close to fp32 (50 steps, 2 ranks)
+#   backward_passes                    batch 128 == 2 accumulated passes of 64 == 2 ranks x 2 passes of 32
 #   fault_injection                    a rank that throws takes the job down within 10 s, naming itself
 #   stall_watchdog                     a SIGSTOPped rank: the peer warns, then aborts the job
 set -u
@@ -58,10 +59,28 @@ train() {
   [ -s "$SCRATCH/$name/model.safetensors" ] || fail "$name wrote no model.safetensors"
 }
 
-# The MNIST MLP for 20 steps, no LR scaling: only the split of the global batch differs.
+# 20 steps, no LR scaling, constant LR: only the split of the global batch differs between runs.
 MLP=(--set training.max_steps=20 --set optimizer.lr_scaling=none --set training.epochs=1)
+CNN=("${MLP[@]}" --set optimizer.schedule=constant)
 
 case "$CASE" in
+  backward_passes)
+    need_mnist
+    OPT=(--set optimizer.type=sgd --set optimizer.lr=0.05 --set optimizer.momentum=0.9)
+    train 1 batch128 mnist_mlp.json "${MLP[@]}" "${OPT[@]}" --set data.batch_size=128
+    train 1 k2 mnist_mlp.json "${MLP[@]}" "${OPT[@]}" --set data.batch_size=64 \
+      --set distributed.backward_passes_per_step=2
+    train 2 np2k2 mnist_mlp.json "${MLP[@]}" "${OPT[@]}" --set data.batch_size=32 \
+      --set distributed.backward_passes_per_step=2
+    # The same 128 samples per step, averaged in a different order: float rounding only (as in the
+    # equivalence cases). Summing the passes instead of averaging them would double the update.
+    for run in k2 np2k2; do
+      echo "batch128 vs $run:"
+      $WEIGHTS close batch128/model.safetensors $run/model.safetensors 1e-5 || fail "batch128 and $run differ"
+    done
+    grep -q "global" k2.out || fail "k2 did not report its global batch"
+    grep -q "(128 global)" k2.out || fail "k2 should report a global batch of 128: $(grep global k2.out)"
+    ;;
   equivalence_sgd | equivalence_adam)
     need_mnist
     if [ "$CASE" = equivalence_sgd ]; then
@@ -69,12 +88,15 @@ case "$CASE" in
     else
       OPT=(--set optimizer.type=adam --set optimizer.lr=0.001)
     fi
-    train 1 np1 mnist_mlp.json "${MLP[@]}" "${OPT[@]}" --set data.batch_size=128
-    train 2 np2 mnist_mlp.json "${MLP[@]}" "${OPT[@]}" --set data.batch_size=64
-    train 4 np4 mnist_mlp.json "${MLP[@]}" "${OPT[@]}" --set data.batch_size=32
-    # Float rounding only (summation order of the batch split, then of the allreduce). Per tensor,
-    # max|diff| / max|w| measured <= 3.4e-7 (SGD) and 2.9e-6 (Adam); 1e-5 leaves margin and still
-    # catches real differences: an LR scaled by the world size gives 0.59, batch 128 per rank 0.16.
+    train 1 np1 mnist.json "${CNN[@]}" "${OPT[@]}" --set data.batch_size=128
+    train 2 np2 mnist.json "${CNN[@]}" "${OPT[@]}" --set data.batch_size=64
+    train 4 np4 mnist.json "${CNN[@]}" "${OPT[@]}" --set data.batch_size=32
+    # Float rounding only (summation order of the batch split, then of the allreduce), measured as the
+    # issue states it: max|diff| over the model <= 1e-5 x max|weight|. Measured for Adam at np 4:
+    # 7.5e-7 (the largest tensor ratio, 7.weight, is 6e-6 of its own scale). Adam amplifies rounding
+    # where a gradient nearly cancels (it divides by sqrt(v)); on the MLP, whose first layer sees
+    # MNIST's constant border pixels, the same comparison gives 8e-6. An LR scaled by the world size
+    # or a wrong batch split differs by 0.1 or more.
     for n in 2 4; do
       echo "np1 vs np$n:"
       $WEIGHTS close np1/model.safetensors np$n/model.safetensors 1e-5 || fail "np1 and np$n differ"

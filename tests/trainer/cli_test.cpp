@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -110,3 +111,74 @@ TEST(TrainerCli, MissingConfigOptionFails) {
 }
 
 }  // namespace
+
+// Bad data files reach the user the same way: one line naming the file and what is wrong. Each case
+// is a copy of a tiny valid MNIST-layout directory with one file damaged.
+class TrainerCliData : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("dptrain_cli_data_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+    write_idx("train-images-idx3-ubyte", 0x0803, {4, 28, 28});
+    write_idx("train-labels-idx1-ubyte", 0x0801, {4});
+    write_idx("t10k-images-idx3-ubyte", 0x0803, {2, 28, 28});
+    write_idx("t10k-labels-idx1-ubyte", 0x0801, {2});
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // magic, dims, then prod(dims) zero bytes (labels 0 are valid), minus `short_by` bytes.
+  void write_idx(const std::string& name, uint32_t magic, std::vector<uint32_t> dims, int short_by = 0) {
+    std::ofstream out(dir_ / name, std::ios::binary | std::ios::trunc);
+    auto put = [&](uint32_t v) {
+      const char be[4] = {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
+                          static_cast<char>(v)};
+      out.write(be, 4);
+    };
+    put(magic);
+    uint64_t n = 1;
+    for (uint32_t d : dims) {
+      put(d);
+      n *= d;
+    }
+    const std::string payload(n - short_by, '\0');
+    out.write(payload.data(), static_cast<std::streamsize>(payload.size()));
+  }
+
+  std::string args() const {
+    return "--config configs/mnist_mlp.json --set data.dir='\"" + dir_.string() +
+           "\"' --set training.max_steps=1 --set output_dir='\"" + (dir_ / "run").string() + "\"'";
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(TrainerCliData, ValidTinyDatasetTrains) {
+  const RunResult r = run_trainer(args());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+TEST_F(TrainerCliData, TruncatedImages) {
+  write_idx("train-images-idx3-ubyte", 0x0803, {4, 28, 28}, 100);
+  expect_one_line_error(args(), {"train-images-idx3-ubyte", "truncated"});
+}
+
+TEST_F(TrainerCliData, WrongMagic) {
+  write_idx("train-labels-idx1-ubyte", 0x0D01, {4});
+  expect_one_line_error(args(), {"train-labels-idx1-ubyte", "magic"});
+}
+
+TEST_F(TrainerCliData, ImageAndLabelCountsDiffer) {
+  write_idx("t10k-labels-idx1-ubyte", 0x0801, {3});
+  expect_one_line_error(args(), {"t10k", "3"});
+}
+
+TEST_F(TrainerCliData, WrongImageSizeForTheModel) {
+  write_idx("train-images-idx3-ubyte", 0x0803, {4, 14, 14});
+  write_idx("t10k-images-idx3-ubyte", 0x0803, {2, 14, 14});
+  expect_one_line_error(args(), {"model.input_shape", "[1, 14, 14]"});
+}
+
+TEST_F(TrainerCliData, MissingFile) {
+  std::filesystem::remove(dir_ / "t10k-images-idx3-ubyte");
+  expect_one_line_error(args(), {"t10k-images-idx3-ubyte", "setup.sh"});
+}
