@@ -1,5 +1,5 @@
-// Allreduce benchmark: our gradient reduction (GradientReducer: fused buckets, averaging, finiteness
-// check, optional fp16 compression) against a raw in-place MPI_Allreduce of the same bytes, in the
+// Allreduce benchmark: our gradient reduction (GradientReducer: fused buckets, finiteness check,
+// optional fp16/bf16 compression; averaging is folded into backward as in the trainer) against a raw in-place MPI_Allreduce of the same bytes, in the
 // same run. Sizes: the MNIST CNN's gradients and synthetic 4 KiB .. 64 MiB.
 //
 //   mpirun -np 2 build/bench/allreduce_bench [--min-kib 4] [--max-mib 64] [--seconds 0.3]
@@ -91,8 +91,10 @@ int main(int argc, char** argv) {
     const double raw_s = time_call(
         [&] { DPTRAIN_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, raw.data(), total, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)); },
         seconds);
+    // As the trainer runs it: gradients pre-divided by N in backward (free), so finish() only sums
+    // and checks that every average is finite.
     auto reduce_with = [&](Compression compression) {
-      GradientReducer reducer(comm, params, {fusion_mb, 1, false, compression});
+      GradientReducer reducer(comm, params, {fusion_mb, 1, false, compression, /*gradients_prescaled=*/true});
       return time_call([&] { reducer.prepare(0); reducer.finish(); }, seconds);
     };
     const double ours_s = reduce_with(Compression::kNone);

@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
     distributed::GradientReducer reducer(
         comm, model->named_parameters(),
         {config.distributed.fusion_threshold_mb, config.distributed.first_bucket_mb, config.distributed.overlap,
-         distributed::parse_compression(config.distributed.compression)});
+         distributed::parse_compression(config.distributed.compression), /*gradients_prescaled=*/true});
     Shape input_shape{batch};
     input_shape.insert(input_shape.end(), config.model.input_shape.begin(), config.model.input_shape.end());
     Rng rng(1 + world.rank());
@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
       Tensor loss = ops::cross_entropy(model->forward(x), labels);
       const auto t1 = Clock::now();
       reducer.prepare(step_index++);
-      loss.backward();
+      loss.backward(1.0f / static_cast<float>(world.size()));  // averaging folded in, as in the trainer
       const auto t2 = Clock::now();
       reducer.finish();
       const auto t3 = Clock::now();

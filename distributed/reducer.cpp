@@ -15,10 +15,25 @@ int64_t aligned(int64_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAli
 
 // Inf and NaN are the floats whose exponent bits are all ones. An integer OR-reduction vectorises
 // where a float accumulation would not (float addition is not associative).
-bool all_finite(std::span<const float> values) {
-  const uint32_t* bits = reinterpret_cast<const uint32_t*>(values.data());
+inline uint32_t not_finite(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  return static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+}
+
+// Multiplies by `scale` (unless 1) and reports whether every result is finite, in one pass.
+bool scale_and_check(std::span<float> values, float scale) {
   uint32_t bad = 0;
-  for (std::size_t i = 0; i < values.size(); ++i) bad |= static_cast<uint32_t>((bits[i] & 0x7f800000u) == 0x7f800000u);
+  float* v = values.data();
+  const int64_t n = static_cast<int64_t>(values.size());
+  if (scale == 1.0f) {
+    for (int64_t i = 0; i < n; ++i) bad |= not_finite(v[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      v[i] *= scale;
+      bad |= not_finite(v[i]);
+    }
+  }
   return bad == 0;
 }
 }  // namespace
@@ -67,6 +82,10 @@ GradientReducer::GradientReducer(Communicator& comm, std::vector<NamedTensor> pa
     parameters_[k].tensor.bind_grad(std::make_shared<Storage>(flat_, sizeof(float) * slot[k],
                                                               sizeof(float) * parameters_[k].tensor.numel()));
   if (options_.compression != Compression::kNone) flat_half_.resize(offset);
+  for (const Bucket& bucket : buckets_)
+    labels_.push_back("allreduce of gradient bucket " + std::to_string(labels_.size()) + " (" +
+                      std::to_string(bucket.numel) + " elements, first parameter " +
+                      parameters_[bucket.parameters.front()].name + ") at step ");
   pending_.resize(buckets_.size());
   launched_.assign(buckets_.size(), false);
   ready_count_.assign(buckets_.size(), 0);
@@ -86,12 +105,6 @@ std::span<float> GradientReducer::window(std::size_t b) const {
 
 HalfFormat GradientReducer::half_format() const {
   return options_.compression == Compression::kFp16 ? HalfFormat::kFp16 : HalfFormat::kBf16;
-}
-
-std::string GradientReducer::label(std::size_t bucket) const {
-  return "allreduce of gradient bucket " + std::to_string(bucket) + " (" + std::to_string(buckets_[bucket].numel) +
-         " elements, first parameter " + parameters_[buckets_[bucket].parameters.front()].name + ") at step " +
-         std::to_string(step_);
 }
 
 void GradientReducer::prepare(int64_t step) {
@@ -120,10 +133,10 @@ void GradientReducer::launch(std::size_t b, bool async) {
     }
     return;
   }
-  // Scale by 1/N before the sum (not after) so the half-precision sum cannot overflow.
+  // Scaled by 1/N before the sum (not after) so the half-precision sum cannot overflow.
   const std::span<uint16_t> half(flat_half_.data() + buckets_[b].offset, grads.size());
-  floats_to_halves(grads.data(), half.data(), static_cast<int64_t>(grads.size()), 1.0f / static_cast<float>(comm_.size()),
-                   half_format());
+  const float scale = options_.gradients_prescaled ? 1.0f : 1.0f / static_cast<float>(comm_.size());
+  floats_to_halves(grads.data(), half.data(), static_cast<int64_t>(grads.size()), scale, half_format());
   if (async) {
     pending_[b] = comm_.start_allreduce_half(half, half_format(), label(b));
   } else {
@@ -137,6 +150,7 @@ void GradientReducer::finish() {
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     const std::span<float> grads = window(b);
     const int64_t n = static_cast<int64_t>(grads.size());
+    float scale = 1.0f;
     if (comm_.size() > 1) {
       // What backward did not launch (overlap off, or parameters that got no gradient) goes now, in
       // order: earlier buckets were launched first on every rank.
@@ -146,13 +160,12 @@ void GradientReducer::finish() {
         comm_.wait(pending_[b]);
       }
       if (options_.compression == Compression::kNone) {
-        float* g = grads.data();
-        for (int64_t i = 0; i < n; ++i) g[i] *= inv;
+        if (!options_.gradients_prescaled) scale = inv;
       } else {
         halves_to_floats(flat_half_.data() + buckets_[b].offset, grads.data(), n, half_format());
       }
     }
-    if (all_finite(grads)) continue;
+    if (scale_and_check(grads, scale)) continue;
     for (std::size_t k : buckets_[b].parameters) {
       bool finite = true;
       for (float v : parameters_[k].tensor.grad()) finite &= std::isfinite(v);

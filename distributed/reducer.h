@@ -27,6 +27,9 @@ struct ReducerOptions {
   double first_bucket_mb = 1;
   bool overlap = true;
   Compression compression = Compression::kNone;
+  // The caller has already divided every gradient by the world size (the trainer seeds backward
+  // with 1/N, which costs nothing), so finish() only sums; otherwise finish() divides.
+  bool gradients_prescaled = false;
 };
 
 struct Bucket {
@@ -55,7 +58,7 @@ class GradientReducer {
   void on_gradient_ready(std::size_t parameter);
   void launch(std::size_t bucket, bool async);
   std::span<float> window(std::size_t bucket) const;
-  std::string label(std::size_t bucket) const;
+  std::string label(std::size_t bucket) const { return labels_[bucket] + std::to_string(step_); }
   HalfFormat half_format() const;
 
   Communicator& comm_;
@@ -63,6 +66,7 @@ class GradientReducer {
   ReducerOptions options_;
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_;  // parameter index -> bucket
+  std::vector<std::string> labels_;     // "allreduce of gradient bucket 3 (...) at step "
   StoragePtr flat_;                     // every gradient, bucket after bucket
   std::vector<uint16_t> flat_half_;     // fp16/bf16 staging
   std::vector<Pending> pending_;        // per bucket

@@ -5,7 +5,13 @@
 
 namespace dptrain::layers {
 namespace {
-std::string prefix(int index) { return std::to_string(index) + "."; }
+// "{i}.weight" and, when present, "{i}.bias": the names PyTorch gives the same layer in a Sequential.
+std::vector<NamedTensor> weight_and_bias(int index, const Tensor& weight, const Tensor& bias) {
+  const std::string prefix = std::to_string(index) + ".";
+  std::vector<NamedTensor> out{{prefix + "weight", weight}};
+  if (bias.defined()) out.push_back({prefix + "bias", bias});
+  return out;
+}
 }  // namespace
 
 Dense::Dense(int index, int64_t in_features, int64_t out_features, bool bias)
@@ -20,11 +26,7 @@ Shape Dense::output_shape(const Shape& input) const {
   return {weight_.dim(0)};
 }
 
-std::vector<NamedTensor> Dense::named_parameters() const {
-  std::vector<NamedTensor> out{{prefix(index_) + "weight", weight_}};
-  if (bias_.defined()) out.push_back({prefix(index_) + "bias", bias_});
-  return out;
-}
+std::vector<NamedTensor> Dense::named_parameters() const { return weight_and_bias(index_, weight_, bias_); }
 
 std::string Dense::describe() const {
   return "Dense(" + std::to_string(weight_.dim(1)) + " -> " + std::to_string(weight_.dim(0)) +
@@ -50,11 +52,7 @@ Shape Conv2D::output_shape(const Shape& input) const {
   return {weight_.dim(0), h, w};
 }
 
-std::vector<NamedTensor> Conv2D::named_parameters() const {
-  std::vector<NamedTensor> out{{prefix(index_) + "weight", weight_}};
-  if (bias_.defined()) out.push_back({prefix(index_) + "bias", bias_});
-  return out;
-}
+std::vector<NamedTensor> Conv2D::named_parameters() const { return weight_and_bias(index_, weight_, bias_); }
 
 std::string Conv2D::describe() const {
   return "Conv2D(" + std::to_string(weight_.dim(1)) + " -> " + std::to_string(weight_.dim(0)) + ", " +

@@ -147,7 +147,8 @@ class Trainer {
         comm_, model_->named_parameters(),
         distributed::ReducerOptions{config.distributed.fusion_threshold_mb, config.distributed.first_bucket_mb,
                                     config.distributed.overlap,
-                                    distributed::parse_compression(config.distributed.compression)});
+                                    distributed::parse_compression(config.distributed.compression),
+                                    /*gradients_prescaled=*/true});
     // All ranks start from rank 0's parameters and optimizer state, whatever they initialised.
     int64_t steps = optimizer_->steps_taken();
     distributed::broadcast_state(comm_, optimizer_->parameters(), optimizer_->state(), std::span<int64_t>(&steps, 1));
@@ -201,7 +202,9 @@ class Trainer {
         Tensor loss = config_.model.loss == "mse" ? ops::mse(output, batch_.targets)
                                                   : ops::cross_entropy(output, batch_.labels);
         if (pass == passes - 1) reducer_->prepare(global_step_);  // buckets launch during this backward
-        loss.backward(1.0f / static_cast<float>(passes));           // the step averages its passes
+        // The step averages its passes and the ranks: seeding backward with 1 / (passes x ranks)
+        // makes the allreduce's sum the average, with no extra pass over the gradients.
+        loss.backward(1.0f / static_cast<float>(passes * world_.size()));
         const int64_t n = batch_.inputs.dim(0);
         loss_sum += static_cast<double>(loss.item()) * n;
         if (config_.model.loss == "cross_entropy") correct += count_correct(output, batch_.labels);
