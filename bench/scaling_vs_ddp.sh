@@ -19,7 +19,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 config="$repo_root/configs/mnist.json"; steps=60
 [[ $model == mlp ]] && { config="$repo_root/configs/mnist_mlp.json"; steps=600; }
 args=(--config "$config" --threads 1 --steps "$steps" --reps 5)
-result() { sed -n 's/^RESULT //p' | /usr/bin/python3 -c 'import json,sys; r=json.load(sys.stdin); v=r.get("samples_per_sec", r.get("samples_per_s")); print(v["median"] if isinstance(v, dict) else v)'; }
+result() { sed -n 's/^RESULT //p' | /usr/bin/python3 -c 'import json,sys; r=json.load(sys.stdin); v=r.get("samples_per_sec", r.get("samples_per_s", r.get("global_samples_per_s"))); print(v["median"] if isinstance(v, dict) else v)'; }
 
 t1=$(taskset -c 0 "$bench" "${args[@]}" | result)
 t2=$(mpirun -np 2 --bind-to core "$bench" "${args[@]}" | result)

@@ -14,7 +14,7 @@ anchors="$repo_root/../shared/anchors"
 bench="$build/bench/train_bench"
 [[ -x "$bench" ]] || { echo "train_vs_pytorch: $bench not built (cmake --build $build --target train_bench)" >&2; exit 1; }
 
-result() { sed -n 's/^RESULT //p' | /usr/bin/python3 -c 'import json,sys; r=json.load(sys.stdin); v=r.get("samples_per_sec", r.get("samples_per_s")); print(v["median"] if isinstance(v, dict) else v)'; }
+result() { sed -n 's/^RESULT //p' | /usr/bin/python3 -c 'import json,sys; r=json.load(sys.stdin); v=r.get("samples_per_sec", r.get("samples_per_s", r.get("global_samples_per_s"))); print(v["median"] if isinstance(v, dict) else v)'; }
 
 have_torch=0
 if [[ -f "$anchors/torch_cnn.py" ]] && /usr/bin/python3 -c 'import torch' 2>/dev/null \

@@ -118,8 +118,12 @@ void GradientReducer::prepare(int64_t step) {
 void GradientReducer::on_gradient_ready(std::size_t parameter) {
   if (!armed_) return;  // an accumulation pass (backward_passes_per_step > 1)
   ++ready_count_[bucket_of_[parameter]];
-  while (next_launch_ < buckets_.size() && ready_count_[next_launch_] == buckets_[next_launch_].parameters.size())
-    launch(next_launch_++, /*async=*/true);
+  while (next_launch_ < buckets_.size() && ready_count_[next_launch_] == buckets_[next_launch_].parameters.size()) {
+    // The last bucket has nothing left to overlap with: reducing it here saves the hand-off to the
+    // communication thread (which shares this rank's core).
+    const bool last = next_launch_ + 1 == buckets_.size();
+    launch(next_launch_++, /*async=*/!last);
+  }
 }
 
 void GradientReducer::launch(std::size_t b, bool async) {
@@ -157,13 +161,18 @@ void GradientReducer::finish() {
       if (!launched_[b]) {
         launch(b, /*async=*/false);
       } else {
-        comm_.wait(pending_[b]);
+        comm_.wait(pending_[b]);  // no-op for a bucket reduced synchronously
       }
       if (options_.compression == Compression::kNone) {
         if (!options_.gradients_prescaled) scale = inv;
       } else {
         halves_to_floats(flat_half_.data() + buckets_[b].offset, grads.data(), n, half_format());
       }
+    }
+    if (!options_.check_finite) {
+      if (scale != 1.0f)
+        for (float& g : grads) g *= scale;
+      continue;
     }
     if (scale_and_check(grads, scale)) continue;
     for (std::size_t k : buckets_[b].parameters) {

@@ -30,6 +30,10 @@ struct ReducerOptions {
   // The caller has already divided every gradient by the world size (the trainer seeds backward
   // with 1/N, which costs nothing), so finish() only sums; otherwise finish() divides.
   bool gradients_prescaled = false;
+  // Stop with an error naming the step, bucket and parameter when an average is Inf or NaN. Costs
+  // one read of the gradients per step (on this shared-memory machine ~10% of the allreduce itself;
+  // next to a network allreduce, nothing).
+  bool check_finite = true;
 };
 
 struct Bucket {

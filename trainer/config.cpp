@@ -133,6 +133,7 @@ Config parse_config(const Json& json) {
     d.overlap = r.get<bool>("overlap", d.overlap);
     d.compression = r.get_choice("compression", d.compression, {"none", "fp16", "bf16"});
     d.backward_passes_per_step = r.get_in_range<int64_t>("backward_passes_per_step", 1, 1, 1 << 16);
+    d.check_finite = r.get<bool>("check_finite", d.check_finite);
     d.stall_warning_s = r.get_in_range("stall_warning_s", d.stall_warning_s, 0.0, 1e9);
     d.stall_abort_s = r.get_in_range("stall_abort_s", d.stall_abort_s, 0.0, 1e9);
     r.finish();
@@ -183,6 +184,7 @@ Json to_json(const Config& c) {
         {"overlap", c.distributed.overlap},
         {"compression", c.distributed.compression},
         {"backward_passes_per_step", c.distributed.backward_passes_per_step},
+        {"check_finite", c.distributed.check_finite},
         {"stall_warning_s", c.distributed.stall_warning_s},
         {"stall_abort_s", c.distributed.stall_abort_s}}},
   };

@@ -60,6 +60,7 @@ struct DistributedConfig {
   bool overlap = true;
   std::string compression = "none";  // "none" | "fp16" | "bf16"
   int64_t backward_passes_per_step = 1;
+  bool check_finite = true;
   double stall_warning_s = 60;
   double stall_abort_s = 0;  // 0: never
 };

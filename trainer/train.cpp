@@ -148,7 +148,7 @@ class Trainer {
         distributed::ReducerOptions{config.distributed.fusion_threshold_mb, config.distributed.first_bucket_mb,
                                     config.distributed.overlap,
                                     distributed::parse_compression(config.distributed.compression),
-                                    /*gradients_prescaled=*/true});
+                                    /*gradients_prescaled=*/true, config.distributed.check_finite});
     // All ranks start from rank 0's parameters and optimizer state, whatever they initialised.
     int64_t steps = optimizer_->steps_taken();
     distributed::broadcast_state(comm_, optimizer_->parameters(), optimizer_->state(), std::span<int64_t>(&steps, 1));
