@@ -3,8 +3,9 @@
 #
 #   scripts/setup.sh [--no-apt] [--no-data] [--with-torch]
 #
-# --with-torch (or DPTRAIN_WITH_TORCH=1) adds python3-torch, python3-numpy and dataset-fashion-mnist,
-# needed only to regenerate test fixtures and to run the PyTorch side of the benchmarks. DPTRAIN_DATA_DIR puts MNIST somewhere other than <repo>/data/mnist.
+# --with-torch (or DPTRAIN_WITH_TORCH=1) adds python3-torch, python3-numpy, dataset-fashion-mnist and
+# libopenblas-dev, needed only to regenerate test fixtures, to run the PyTorch side of the benchmarks
+# and to build with -DDPTRAIN_USE_BLAS=ON. DPTRAIN_DATA_DIR puts MNIST somewhere other than <repo>/data/mnist.
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,8 +24,10 @@ done
 
 install_packages() {
   local wanted=(build-essential cmake libeigen3-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin
-                libgtest-dev zlib1g-dev libcli11-dev libopenblas-dev)
-  [[ "$with_torch" == 1 ]] && wanted+=(python3-torch python3-numpy dataset-fashion-mnist)
+                libgtest-dev zlib1g-dev libcli11-dev)
+  # OpenBLAS only with the extras: installing it switches Debian's libblas.so.3 (PyTorch's BLAS) to
+  # OpenBLAS, which the PyTorch side of the benchmarks wants and nothing else should get unasked.
+  [[ "$with_torch" == 1 ]] && wanted+=(python3-torch python3-numpy dataset-fashion-mnist libopenblas-dev)
   local missing=() pkg
   for pkg in "${wanted[@]}"; do
     # dpkg-query fails for never-seen packages and reports e.g. "deinstall ok config-files" for removed ones.
