@@ -23,9 +23,6 @@ class Rng {
   // Uniform integer in [0, n) without modulo bias worth mentioning for n << 2^64.
   uint64_t below(uint64_t n) { return static_cast<uint64_t>((static_cast<unsigned __int128>(next_u64()) * n) >> 64); }
 
-  uint64_t state() const { return state_; }
-  void set_state(uint64_t state) { state_ = state; }
-
  private:
   uint64_t state_;
 };

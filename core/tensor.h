@@ -71,7 +71,6 @@ class Tensor {
   void backward(float seed = 1.0f) const;
 
   TensorImpl* impl() const { return impl_.get(); }
-  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
 
  private:
   std::shared_ptr<TensorImpl> impl_;

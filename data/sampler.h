@@ -40,7 +40,6 @@ class ShardedSampler {
   void set_epoch(int64_t epoch);
 
   int64_t epoch() const { return epoch_; }  // -1 before the first set_epoch
-  uint64_t seed() const { return seed_; }
   int64_t steps_per_epoch() const { return steps_; }
   // Largest batch_indices() size over all steps: batch_size, except 2 in the batch_size == 1 fold.
   int64_t max_batch_size() const { return max_batch_; }

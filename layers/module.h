@@ -103,7 +103,6 @@ class Dropout : public Module {
   Tensor forward(const Tensor& x) override { return training() && p_ > 0.0f ? ops::dropout(x, p_, rng_) : x; }
   Shape output_shape(const Shape& input) const override { return input; }
   std::string describe() const override;
-  Rng& rng() { return rng_; }
 
  private:
   float p_;

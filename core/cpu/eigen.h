@@ -8,8 +8,6 @@ namespace dptrain::cpu {
 using MatrixRM = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using MatMap = Eigen::Map<MatrixRM, Eigen::Aligned64>;
 using ConstMatMap = Eigen::Map<const MatrixRM, Eigen::Aligned64>;
-using VecMap = Eigen::Map<Eigen::VectorXf>;
-using ConstVecMap = Eigen::Map<const Eigen::VectorXf>;
 
 inline MatMap mat(float* p, Eigen::Index rows, Eigen::Index cols) { return MatMap(p, rows, cols); }
 inline ConstMatMap mat(const float* p, Eigen::Index rows, Eigen::Index cols) { return ConstMatMap(p, rows, cols); }
