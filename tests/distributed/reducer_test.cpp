@@ -271,11 +271,11 @@ std::vector<std::vector<double>> reference(const Chain& c, const std::vector<flo
   return grads;
 }
 
-// The closed-form average over all ranks of the gradients of `passes` accumulated passes.
-std::vector<std::vector<double>> reference_average(const Chain& c, int n_ranks, int passes = 1) {
+// The closed-form average over all ranks of the gradients of passes [first, first + passes).
+std::vector<std::vector<double>> reference_average(const Chain& c, int n_ranks, int passes = 1, int first = 0) {
   std::vector<std::vector<double>> avg;
   for (int r = 0; r < n_ranks; ++r)
-    for (int pass = 0; pass < passes; ++pass) {
+    for (int pass = first; pass < first + passes; ++pass) {
       const auto g = reference(c, batch_of(r, pass));
       if (avg.empty()) avg.assign(g.size(), {});
       for (std::size_t k = 0; k < g.size(); ++k) {
@@ -283,20 +283,6 @@ std::vector<std::vector<double>> reference_average(const Chain& c, int n_ranks, 
         for (std::size_t i = 0; i < g[k].size(); ++i) avg[k][i] += g[k][i] / n_ranks;
       }
     }
-  return avg;
-}
-
-// The closed-form average over all ranks of the gradients of pass `pass` alone.
-std::vector<std::vector<double>> reference_average_of_pass(const Chain& c, int n_ranks, int pass) {
-  std::vector<std::vector<double>> avg;
-  for (int r = 0; r < n_ranks; ++r) {
-    const auto g = reference(c, batch_of(r, pass));
-    if (avg.empty()) avg.assign(g.size(), {});
-    for (std::size_t k = 0; k < g.size(); ++k) {
-      avg[k].resize(g[k].size(), 0.0);
-      for (std::size_t i = 0; i < g[k].size(); ++i) avg[k][i] += g[k][i] / n_ranks;
-    }
-  }
   return avg;
 }
 
@@ -352,7 +338,7 @@ TEST(GradientReducer, AverageMatchesClosedFormForEveryFusionAndOverlapSetting) {
       reducer.finish();
     }
     // Step 2 used pass index 1 of each rank's batches.
-    const auto ref = reference_average_of_pass(c, N, 1);
+    const auto ref = reference_average(c, N, /*passes=*/1, /*first=*/1);
     expect_matches(c, ref, what);
     results.push_back(all_grads(c));
   }
@@ -405,7 +391,7 @@ TEST(GradientReducer, FinishWithoutPrepareReducesEverything) {
     c.zero_grad();
     c.backward(batch_of(test::rank(), 1));
     reducer.finish();
-    const auto ref = reference_average_of_pass(c, test::size(), 1);
+    const auto ref = reference_average(c, test::size(), /*passes=*/1, /*first=*/1);
     expect_matches(c, ref, std::string("second step without prepare(), overlap ") + (overlap ? "on" : "off"));
   }
 }
