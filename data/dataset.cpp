@@ -43,4 +43,13 @@ Dataset load_image_dataset(const std::string& dir, bool train, float mean, float
   return ds;
 }
 
+void keep_first(Dataset& ds, int64_t n) {
+  if (n <= 0 || n >= ds.size) return;
+  const auto per_sample = [&](std::size_t total) { return total / static_cast<std::size_t>(ds.size); };
+  ds.inputs.resize(per_sample(ds.inputs.size()) * n);
+  if (!ds.labels.empty()) ds.labels.resize(n);
+  if (!ds.targets.empty()) ds.targets.resize(per_sample(ds.targets.size()) * n);
+  ds.size = n;
+}
+
 }  // namespace dptrain::data

@@ -22,4 +22,7 @@ struct Dataset {
 // Fashion-MNIST share this layout. Pixels become (p/255 - mean) / std_dev; sample_shape {1, rows, cols}.
 Dataset load_image_dataset(const std::string& dir, bool train, float mean, float std_dev);
 
+// Keeps the first `n` samples (all when n is 0 or not smaller than the size).
+void keep_first(Dataset& ds, int64_t n);
+
 }  // namespace dptrain::data

@@ -20,18 +20,24 @@ ShardedSampler::ShardedSampler(int64_t dataset_size, int64_t batch_size, int ran
       rank_(rank),
       world_(world_size),
       seed_(seed),
-      shuffle_(shuffle) {
+      shuffle_(shuffle),
+      drop_last_(drop_last) {
   DPTRAIN_CHECK(dataset_size > 0, "sampler: dataset is empty");
   DPTRAIN_CHECK(batch_size > 0, "sampler: batch size must be positive, got ", batch_size);
   DPTRAIN_CHECK(world_size > 0 && rank >= 0 && rank < world_size, "sampler: rank ", rank,
                 " is outside world size ", world_size);
+  plan(n_);
+  perm_.resize(static_cast<std::size_t>(n_));
+}
 
-  const int64_t q = n_ / global_;
-  const int64_t rem = n_ % global_;
+void ShardedSampler::plan(int64_t remaining) {
+  const int64_t q = remaining / global_;
+  const int64_t rem = remaining % global_;
   full_steps_ = q;
   max_batch_ = batch_;
+  tail_sizes_[0] = tail_sizes_[1] = 0;
   int tails = 0;
-  if (!drop_last && rem > 0) {
+  if (!drop_last_ && rem > 0) {
     if (rem >= world_ || q == 0) {
       tail_sizes_[tails++] = rem;
     } else if (batch_ >= 2) {
@@ -46,12 +52,15 @@ ShardedSampler::ShardedSampler(int64_t dataset_size, int64_t batch_size, int ran
     }
   }
   steps_ = full_steps_ + tails;
-  perm_.resize(static_cast<std::size_t>(n_));
 }
 
-void ShardedSampler::set_epoch(int64_t epoch) {
+void ShardedSampler::set_epoch(int64_t epoch, int64_t first_sample) {
   DPTRAIN_CHECK(epoch >= 0, "sampler: epoch must be non-negative, got ", epoch);
+  DPTRAIN_CHECK(first_sample >= 0 && first_sample < n_, "sampler: first sample ", first_sample, " of epoch ", epoch,
+                " is outside [0, ", n_, ")");
   epoch_ = epoch;
+  first_ = first_sample;
+  plan(n_ - first_);
   std::iota(perm_.begin(), perm_.end(), int64_t{0});
   if (!shuffle_) return;
   Rng rng(derive_seed(seed_, "epoch" + std::to_string(epoch)));
@@ -61,16 +70,19 @@ void ShardedSampler::set_epoch(int64_t epoch) {
   }
 }
 
+int64_t ShardedSampler::samples_before(int64_t step) const {
+  DPTRAIN_CHECK(step >= 0 && step <= steps_, "sampler: step ", step, " is outside [0, ", steps_, "]");
+  const int64_t full = std::min(step, full_steps_);
+  int64_t at = first_ + full * global_;
+  for (int64_t t = 0; t < step - full; ++t) at += tail_sizes_[t];
+  return at;
+}
+
 std::span<const int64_t> ShardedSampler::batch_indices(int64_t step) const {
   DPTRAIN_CHECK(epoch_ >= 0, "sampler: set_epoch() must be called before batch_indices()");
   DPTRAIN_CHECK(step >= 0 && step < steps_, "sampler: step ", step, " is outside [0, ", steps_, ")");
-  int64_t start = step * global_;
-  int64_t m = global_;
-  if (step >= full_steps_) {
-    const int64_t t = step - full_steps_;
-    start = full_steps_ * global_ + (t == 1 ? tail_sizes_[0] : 0);
-    m = tail_sizes_[t];
-  }
+  const int64_t start = samples_before(step);
+  const int64_t m = step < full_steps_ ? global_ : tail_sizes_[step - full_steps_];
   const int64_t base = m / world_, extra = m % world_;
   const int64_t offset = rank_ * base + std::min<int64_t>(rank_, extra);
   const int64_t count = base + (rank_ < extra ? 1 : 0);

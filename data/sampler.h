@@ -29,18 +29,28 @@ namespace dptrain::data {
 // n >= world_size, and without drop_last the ranks together see every sample exactly once per
 // epoch. With drop_last, steps_per_epoch() is 0 when n < g: the caller decides if that is an error.
 //
-// The position is fully described by (seed, epoch, step): checkpoint those, call set_epoch, resume.
+// The position is fully described by (seed, epoch, samples of the epoch's permutation consumed):
+// a checkpoint records those, and set_epoch(epoch, first_sample) resumes there. The rest of the epoch
+// is then laid out by the rule above applied to the n - first_sample remaining samples, so resuming
+// at a step boundary with the same global batch replays exactly the steps a straight run takes, and
+// a different world size or batch continues from the same sample.
 class ShardedSampler {
  public:
   ShardedSampler(int64_t dataset_size, int64_t batch_size, int rank, int world_size, uint64_t seed,
                  bool shuffle, bool drop_last);
 
   // Builds this epoch's order from Rng(derive_seed(seed, "epoch<epoch>")) by Fisher-Yates
-  // (identity if !shuffle). Must be called before batch_indices().
-  void set_epoch(int64_t epoch);
+  // (identity if !shuffle), starting at permutation position first_sample in [0, n). Must be called
+  // before batch_indices().
+  void set_epoch(int64_t epoch, int64_t first_sample = 0);
 
   int64_t epoch() const { return epoch_; }  // -1 before the first set_epoch
+  // Steps in the current epoch (from its first_sample on); before set_epoch, in a whole epoch.
   int64_t steps_per_epoch() const { return steps_; }
+  int64_t dataset_size() const { return n_; }
+  // Samples of the current epoch's permutation (all ranks) consumed before `step` begins;
+  // step == steps_per_epoch() gives where the epoch ends (n, or less with drop_last).
+  int64_t samples_before(int64_t step) const;
   // Largest batch_indices() size over all steps: batch_size, except 2 in the batch_size == 1 fold.
   int64_t max_batch_size() const { return max_batch_; }
 
@@ -53,12 +63,16 @@ class ShardedSampler {
   int rank_, world_;
   uint64_t seed_;
   bool shuffle_;
+  bool drop_last_;
+  int64_t first_ = 0;          // permutation position where the current epoch's steps begin
   int64_t steps_ = 0;
   int64_t full_steps_ = 0;     // leading steps that are whole global batches
   int64_t tail_sizes_[2]{};    // global sizes of the steps after them (0, 1 or 2 steps)
   int64_t max_batch_ = 0;
   int64_t epoch_ = -1;
   std::vector<int64_t> perm_;
+
+  void plan(int64_t remaining);  // lays out the steps over `remaining` samples from first_
 };
 
 // Copies the selected samples into caller buffers (inputs: indices.size() * sample numel floats).

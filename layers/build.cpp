@@ -91,7 +91,7 @@ std::unique_ptr<Module> build_layer(ObjectReader& r, int index, const Shape& inp
   if (type == "flatten") return std::make_unique<Flatten>();
   if (type == "dropout") {
     const float p = r.get_in_range("p", 0.5f, 0.0f, 0.99f);
-    return std::make_unique<Dropout>(p, derive_seed(seed, "dropout." + std::to_string(index)));
+    return std::make_unique<Dropout>(index, p);
   }
   DPTRAIN_FAIL("config key ", r.path_of("type"), " = \"", type,
                "\" is not a layer type; use dense, conv2d, maxpool2d, relu, tanh, sigmoid, flatten or dropout");

@@ -121,6 +121,10 @@ void Sequential::set_training(bool on) {
   for (auto& layer : layers_) layer->set_training(on);
 }
 
+void Sequential::reseed(uint64_t stream_seed) {
+  for (auto& layer : layers_) layer->reseed(stream_seed);
+}
+
 int64_t parameter_count(const Module& module) {
   int64_t n = 0;
   for (const NamedTensor& p : module.named_parameters()) n += p.tensor.numel();

@@ -23,6 +23,10 @@ class Module {
   virtual std::string describe() const = 0;
   virtual void set_training(bool on) { training_ = on; }
   bool training() const { return training_; }
+  // Restarts every random stream (dropout masks) from `stream_seed`. The trainer derives it from
+  // (seed, rank, step, pass), so masks follow from the position alone and a checkpoint needs to
+  // carry no generator state.
+  virtual void reseed(uint64_t /*stream_seed*/) {}
 
  private:
   bool training_ = true;
@@ -99,13 +103,15 @@ class Flatten : public Module {
 
 class Dropout : public Module {
  public:
-  Dropout(float p, uint64_t seed) : p_(p), rng_(seed) {}
+  Dropout(int index, float p) : p_(p), stream_name_("dropout." + std::to_string(index)) { reseed(0); }
   Tensor forward(const Tensor& x) override { return training() && p_ > 0.0f ? ops::dropout(x, p_, rng_) : x; }
   Shape output_shape(const Shape& input) const override { return input; }
   std::string describe() const override;
+  void reseed(uint64_t stream_seed) override { rng_ = Rng(derive_seed(stream_seed, stream_name_)); }
 
  private:
   float p_;
+  std::string stream_name_;  // keeps two dropout layers' masks independent
   Rng rng_;
 };
 
@@ -117,6 +123,7 @@ class Sequential : public Module {
   std::vector<NamedTensor> named_parameters() const override;
   std::string describe() const override;
   void set_training(bool on) override;
+  void reseed(uint64_t stream_seed) override;
 
   std::size_t size() const { return layers_.size(); }
   Module& layer(std::size_t i) { return *layers_.at(i); }

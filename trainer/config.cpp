@@ -58,6 +58,8 @@ Config parse_config(const Json& json) {
     d.dir = r.get<std::string>("dir", d.dataset == "mnist" ? "data/mnist" : "/usr/share/datasets/fashion-mnist");
     d.batch_size = r.get_in_range<int64_t>("batch_size", d.batch_size, 1, 1 << 20);
     d.eval_batch_size = r.get_in_range<int64_t>("eval_batch_size", d.eval_batch_size, 1, 1 << 20);
+    d.max_train_samples = r.get_in_range<int64_t>("max_train_samples", 0, 0, INT64_MAX);
+    d.max_test_samples = r.get_in_range<int64_t>("max_test_samples", 0, 0, INT64_MAX);
     d.shuffle = r.get<bool>("shuffle", d.shuffle);
     d.drop_last = r.get<bool>("drop_last", d.drop_last);
     d.mean = r.get<double>("mean", d.mean);
@@ -138,6 +140,17 @@ Config parse_config(const Json& json) {
     d.stall_abort_s = r.get_in_range("stall_abort_s", d.stall_abort_s, 0.0, 1e9);
     r.finish();
   }
+  c.checkpoint.dir = c.output_dir + "/checkpoints";
+  if (root.has("checkpoint")) {
+    ObjectReader r(root.raw("checkpoint"), "checkpoint");
+    CheckpointConfig& k = c.checkpoint;
+    k.dir = r.get<std::string>("dir", k.dir);
+    DPTRAIN_CHECK(!k.dir.empty(), "config key checkpoint.dir must not be empty");
+    k.every_epochs = r.get_in_range<int64_t>("every_epochs", k.every_epochs, 0, INT64_MAX);
+    k.every_steps = r.get_in_range<int64_t>("every_steps", k.every_steps, 0, INT64_MAX);
+    k.keep = r.get_in_range<int64_t>("keep", k.keep, 0, INT64_MAX);
+    r.finish();
+  }
   root.finish();
   return c;
 }
@@ -152,6 +165,8 @@ Json to_json(const Config& c) {
         {"dir", c.data.dir},
         {"batch_size", c.data.batch_size},
         {"eval_batch_size", c.data.eval_batch_size},
+        {"max_train_samples", c.data.max_train_samples},
+        {"max_test_samples", c.data.max_test_samples},
         {"shuffle", c.data.shuffle},
         {"drop_last", c.data.drop_last},
         {"mean", c.data.mean},
@@ -187,6 +202,11 @@ Json to_json(const Config& c) {
         {"check_finite", c.distributed.check_finite},
         {"stall_warning_s", c.distributed.stall_warning_s},
         {"stall_abort_s", c.distributed.stall_abort_s}}},
+      {"checkpoint",
+       {{"dir", c.checkpoint.dir},
+        {"every_epochs", c.checkpoint.every_epochs},
+        {"every_steps", c.checkpoint.every_steps},
+        {"keep", c.checkpoint.keep}}},
   };
   Json& o = out["optimizer"];
   o["lr_scaling"] = c.optimizer.lr_scaling;

@@ -23,6 +23,8 @@ struct DataConfig {
   std::string dir;                // default: data/mnist or /usr/share/datasets/fashion-mnist
   int64_t batch_size = 128;       // per rank
   int64_t eval_batch_size = 1000;
+  int64_t max_train_samples = 0;  // 0: all; else the first N (short test and benchmark runs)
+  int64_t max_test_samples = 0;
   bool shuffle = true;
   bool drop_last = false;
   double mean = 0.1307;
@@ -71,6 +73,13 @@ struct TrainingConfig {
   int64_t log_every_steps = 100;  // plain-line progress when stdout is not a terminal
 };
 
+struct CheckpointConfig {
+  std::string dir;           // default: <output_dir>/checkpoints
+  int64_t every_epochs = 1;  // 0: not at epoch ends (one is still written when training ends)
+  int64_t every_steps = 0;   // 0: not by step count
+  int64_t keep = 3;          // newest K kept; 0: all
+};
+
 struct Config {
   uint64_t seed = 0;
   std::string output_dir = "runs/default";
@@ -80,6 +89,7 @@ struct Config {
   OptimizerConfig optimizer;
   TrainingConfig training;
   DistributedConfig distributed;
+  CheckpointConfig checkpoint;
 };
 
 // Reads a JSON file; a missing file or a syntax error names the file (and the line).

@@ -15,12 +15,19 @@ int main(int argc, char** argv) {
   std::string config_path;
   std::vector<std::string> overrides;
   bool print_config = false;
+  trainer::RunOptions run_options;
+  std::string evaluate_path;
   app.add_option("--config", config_path, "JSON config file (see configs/ and the README)")->required();
   app.add_option("--set", overrides, "override a config key: --set key.path=JSON (repeatable)")
       ->take_all()
       ->expected(1)
       ->allow_extra_args(false);
   app.add_flag("--print-config", print_config, "print the resolved config (defaults filled in) and exit");
+  app.add_option("--resume", run_options.resume,
+                 "continue from a checkpoint: 'auto' (the newest valid one in checkpoint.dir, else start fresh) "
+                 "or the path of one");
+  app.add_option("--evaluate", evaluate_path, "report test loss and accuracy of a checkpoint's weights and exit")
+      ->excludes("--resume");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -42,7 +49,11 @@ int main(int argc, char** argv) {
       if (world.is_root()) std::cout << trainer::to_json(config).dump(2) << std::endl;
       return 0;
     }
-    trainer::train(config, world);
+    if (!evaluate_path.empty()) {
+      trainer::evaluate_checkpoint(config, world, evaluate_path);
+    } else {
+      trainer::train(config, world, run_options);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dptrain: error on rank %d: %s\n", world.rank(), e.what());
     std::fflush(stderr);

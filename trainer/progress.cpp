@@ -48,6 +48,13 @@ void Progress::update(int64_t step, double loss, double accuracy, double samples
   }
 }
 
+void Progress::note(const std::string& line) {
+  if (!enabled_) return;
+  std::printf("%s%s\n", terminal_ ? "\r\x1b[K" : "", line.c_str());
+  std::fflush(stdout);
+  last_draw_ = {};  // redraw the bar at the next update
+}
+
 void Progress::end_epoch() {
   if (terminal_) std::printf("\n");
 }

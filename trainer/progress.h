@@ -14,6 +14,8 @@ class Progress {
   // Running means over the epoch so far; accuracy < 0 means "not a classifier" and is not shown.
   void update(int64_t step, double loss, double accuracy, double samples_per_sec);
   void end_epoch();
+  // A line of its own (e.g. "checkpoint written"), below the bar rather than through it.
+  void note(const std::string& line);
 
  private:
   bool enabled_, terminal_;

@@ -2,10 +2,13 @@
 //   sampler -> batch -> forward (the tape records) -> loss -> backward
 //     -> as each gradient bucket fills: [compress] -> allreduce (async) -> ... wait all -> average
 //     -> optimizer.step(lr from the schedule) -> metrics
-// Before the first step every rank takes rank 0's parameters and optimizer state.
+// Before the first step every rank takes rank 0's parameters, optimizer state and position (fresh,
+// or read from a checkpoint by rank 0 alone); rank 0 writes checkpoints as training goes.
 #include "trainer/train.h"
 
 #include <omp.h>
+
+#include <csignal>
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -29,6 +32,7 @@
 #include "layers/build.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "trainer/checkpoint.h"
 #include "trainer/progress.h"
 
 namespace dptrain::trainer {
@@ -51,7 +55,10 @@ data::Dataset load_dataset(const Config& c, bool train) {
     return data::make_linear_dataset(train ? l.samples : l.test_samples, l.coefficients, l.noise,
                                      c.seed + (train ? 0 : 1));
   }
-  return data::load_image_dataset(c.data.dir, train, static_cast<float>(c.data.mean), static_cast<float>(c.data.std));
+  data::Dataset ds =
+      data::load_image_dataset(c.data.dir, train, static_cast<float>(c.data.mean), static_cast<float>(c.data.std));
+  data::keep_first(ds, train ? c.data.max_train_samples : c.data.max_test_samples);
+  return ds;
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const OptimizerConfig& o, std::vector<NamedTensor> parameters) {
@@ -96,18 +103,36 @@ int64_t count_correct(const Tensor& logits, std::span<const int32_t> labels) {
   return correct;
 }
 
-// DPTRAIN_INJECT_FAULT=RANK:STEP makes that rank throw at that optimizer step: the test of the
-// "one rank fails, the whole job stops" guarantee. Unset in normal use.
+// DPTRAIN_INJECT_FAULT=RANK:STEP[:KIND] makes that rank fail when `STEP` optimizer steps are done:
+//   throw (default)     throws before the next step: "one rank fails, the whole job stops"
+//   kill                SIGKILLs itself there: a job killed between two checkpoints
+//   kill_in_checkpoint  rank 0 SIGKILLs itself half-way through writing that step's checkpoint
+// The tests of those guarantees use it; unset in normal use.
 struct InjectedFault {
+  enum class Kind { kThrow, kKill, kKillInCheckpoint };
   int rank = -1;
   int64_t step = -1;
+  Kind kind = Kind::kThrow;
 };
 InjectedFault injected_fault() {
   InjectedFault f;
-  if (const char* spec = std::getenv("DPTRAIN_INJECT_FAULT"))
-    DPTRAIN_CHECK(std::sscanf(spec, "%d:%ld", &f.rank, &f.step) == 2, "DPTRAIN_INJECT_FAULT='", spec,
-                  "': expected RANK:STEP");
+  const char* spec = std::getenv("DPTRAIN_INJECT_FAULT");
+  if (spec == nullptr) return f;
+  char kind[32] = "throw";
+  const int fields = std::sscanf(spec, "%d:%ld:%31s", &f.rank, &f.step, kind);
+  const std::string k = kind;
+  DPTRAIN_CHECK((fields == 2 || fields == 3) && (k == "throw" || k == "kill" || k == "kill_in_checkpoint"),
+                "DPTRAIN_INJECT_FAULT='", spec, "': expected RANK:STEP[:throw|kill|kill_in_checkpoint]");
+  f.kind = k == "kill" ? InjectedFault::Kind::kKill
+           : k == "kill_in_checkpoint" ? InjectedFault::Kind::kKillInCheckpoint
+                                       : InjectedFault::Kind::kThrow;
   return f;
+}
+
+std::string megabytes(std::size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f MB", static_cast<double>(bytes) / 1e6);
+  return text;
 }
 
 class Trainer {
@@ -136,8 +161,6 @@ class Trainer {
                   " ranks: every rank needs at least one sample per step");
 
     model_ = layers::build_sequential(config.model.layers, config.model.input_shape, config.seed);
-    if (!config.model.init_from.empty())
-      layers::load_parameters(*model_, safetensors::load(config.model.init_from), config.model.init_from);
     optimizer_ = make_optimizer(config.optimizer, model_->named_parameters());
     schedule_ = std::make_unique<optim::LrSchedule>(optim::ScheduleOptions{
         config.optimizer.lr, config.optimizer.lr_scaling, world.size(), static_cast<int>(passes_per_step_),
@@ -149,10 +172,26 @@ class Trainer {
                                     config.distributed.overlap,
                                     distributed::parse_compression(config.distributed.compression),
                                     /*gradients_prescaled=*/true, config.distributed.check_finite});
-    // All ranks start from rank 0's parameters and optimizer state, whatever they initialised.
-    int64_t steps = optimizer_->steps_taken();
-    distributed::broadcast_state(comm_, optimizer_->parameters(), optimizer_->state(), std::span<int64_t>(&steps, 1));
-    optimizer_->set_steps_taken(steps);
+  }
+
+  // Rank 0 alone reads files (checkpoint or init_from), so no shared filesystem is needed; then all
+  // ranks take rank 0's parameters, optimizer state and position, whatever they initialised.
+  void start(const RunOptions& options) {
+    if (world_.is_root()) {
+      if (!options.resume.empty()) {
+        resume(options.resume);
+      } else {
+        clear_earlier_checkpoints();
+      }
+      if (!config_.model.init_from.empty() && !resumed_) init_from(config_.model.init_from);
+    }
+    position_.optimizer_steps = optimizer_->steps_taken();
+    int64_t scalars[] = {position_.optimizer_steps, position_.epochs_completed, position_.epoch_samples_done,
+                         position_.global_step, position_.samples_seen, resumed_};
+    distributed::broadcast_state(comm_, optimizer_->parameters(), optimizer_->state(), std::span<int64_t>(scalars));
+    position_ = {scalars[1], scalars[2], scalars[3], scalars[4], scalars[0]};
+    resumed_ = scalars[5] != 0;
+    optimizer_->set_steps_taken(position_.optimizer_steps);
     checksum_ = distributed::verify_identical(comm_, optimizer_->parameters());
   }
 
@@ -160,48 +199,82 @@ class Trainer {
     announce();
     std::vector<EpochMetrics> history;
     std::ofstream metrics = open_metrics();
-    for (int64_t epoch = 1; epoch <= config_.training.epochs && !step_limit_reached(); ++epoch) {
+    for (int64_t epoch = position_.epochs_completed + 1; epoch <= config_.training.epochs && !step_limit_reached();
+         ++epoch) {
       EpochMetrics m = train_epoch(epoch);
-      evaluate(m);
+      const Evaluation e = evaluate();
+      m.test_loss = e.loss;
+      m.test_accuracy = e.accuracy;
       history.push_back(m);
       if (world_.is_root()) {
         report(m);
         write_metrics(metrics, m);
       }
+      const CheckpointConfig& k = config_.checkpoint;
+      const bool epoch_due = k.every_epochs > 0 && epoch % k.every_epochs == 0 && !m.stopped_early;
+      const bool step_due = k.every_steps > 0 && position_.global_step % k.every_steps == 0;
+      if (epoch_due || step_due) save_checkpoint();
     }
+    if (last_checkpoint_step_ != position_.global_step) save_checkpoint();  // always one at the end
     if (world_.is_root()) save_final_weights();
     return history;
   }
 
+  Evaluation evaluate_only(const std::string& path) {
+    if (world_.is_root()) {
+      const Checkpoint c = read_checkpoint(path);
+      restore(c, model_->named_parameters(), nullptr);
+    }
+    int64_t none = 0;
+    distributed::broadcast_state(comm_, model_->named_parameters(), {}, std::span<int64_t>(&none, 1));
+    const Evaluation e = evaluate();
+    if (world_.is_root()) {
+      if (config_.model.loss == "mse") {
+        std::printf("evaluation of %s: test loss %.6g (%lld samples, %d rank(s))\n", path.c_str(), e.loss,
+                    static_cast<long long>(e.samples), world_.size());
+      } else {
+        std::printf("evaluation of %s: test loss %.4f, accuracy %.2f%% (%lld of %lld correct, %d rank(s))\n",
+                    path.c_str(), e.loss, 100 * e.accuracy, static_cast<long long>(e.correct),
+                    static_cast<long long>(e.samples), world_.size());
+      }
+      std::fflush(stdout);
+    }
+    return e;
+  }
+
  private:
   bool step_limit_reached() const {
-    return config_.training.max_steps > 0 && global_step_ >= config_.training.max_steps;
+    return config_.training.max_steps > 0 && position_.global_step >= config_.training.max_steps;
   }
 
   EpochMetrics train_epoch(int64_t epoch) {
-    sampler_.set_epoch(epoch - 1);
+    const int64_t first_sample = epoch == position_.epochs_completed + 1 ? position_.epoch_samples_done : 0;
+    sampler_.set_epoch(epoch - 1, first_sample);
     model_->set_training(true);
     const int64_t batches = sampler_.steps_per_epoch();
     const int64_t steps = (batches + passes_per_step_ - 1) / passes_per_step_;
+    const double epoch_samples = static_cast<double>(sampler_.dataset_size());
     progress_.begin_epoch(epoch, config_.training.epochs, steps);
     double loss_sum = 0;
     int64_t correct = 0, samples = 0;
     const auto start = Clock::now();
-    for (int64_t step = 0; step < steps && !step_limit_reached(); ++step) {
+    int64_t step = 0;
+    for (; step < steps && !step_limit_reached(); ++step) {
       const int64_t first_batch = step * passes_per_step_;
       const int64_t passes = std::min(passes_per_step_, batches - first_batch);
-      lr_ = schedule_->at(static_cast<double>(epoch - 1) + static_cast<double>(first_batch) / batches);
-      if (global_step_ == fault_.step && world_.rank() == fault_.rank)
-        DPTRAIN_FAIL("fault injected by DPTRAIN_INJECT_FAULT at step ", global_step_);
+      // The schedule runs on samples, not steps, so a resume on another world size keeps its place.
+      lr_ = schedule_->at(static_cast<double>(epoch - 1) + sampler_.samples_before(first_batch) / epoch_samples);
+      inject_fault_before_step();
 
       // --- one optimizer step ---
       optimizer_->zero_grad();
       for (int64_t pass = 0; pass < passes; ++pass) {
         fill_batch(train_set_, sampler_.batch_indices(first_batch + pass), batch_);
+        model_->reseed(dropout_stream(pass));
         Tensor output = model_->forward(batch_.inputs);
         Tensor loss = config_.model.loss == "mse" ? ops::mse(output, batch_.targets)
                                                   : ops::cross_entropy(output, batch_.labels);
-        if (pass == passes - 1) reducer_->prepare(global_step_);  // buckets launch during this backward
+        if (pass == passes - 1) reducer_->prepare(position_.global_step);  // buckets launch during this backward
         // The step averages its passes and the ranks: seeding backward with 1 / (passes x ranks)
         // makes the allreduce's sum the average, with no extra pass over the gradients.
         loss.backward(1.0f / static_cast<float>(passes * world_.size()));
@@ -212,19 +285,32 @@ class Trainer {
       }
       reducer_->finish();  // gradients are now the average over all ranks
       optimizer_->step(static_cast<float>(lr_));
-      ++global_step_;
 
+      const int64_t done = sampler_.samples_before(first_batch + passes);
+      position_.samples_seen += done - sampler_.samples_before(first_batch);
+      position_.epoch_samples_done = done;
+      position_.optimizer_steps = optimizer_->steps_taken();
+      ++position_.global_step;
       progress_.update(step, loss_sum / samples,
                        config_.model.loss == "mse" ? -1.0 : static_cast<double>(correct) / samples,
                        samples * world_.size() / seconds_since(start));
+      // A checkpoint due at an epoch's last step waits for the evaluation (run() writes it).
+      const int64_t every = config_.checkpoint.every_steps;
+      if (every > 0 && position_.global_step % every == 0 && step + 1 < steps && !step_limit_reached())
+        save_checkpoint();
     }
     progress_.end_epoch();
+    if (step == steps) {
+      position_.epochs_completed = epoch;
+      position_.epoch_samples_done = 0;
+    }
 
     EpochMetrics m;
     m.epoch = epoch;
-    m.step = global_step_;
+    m.step = position_.global_step;
     m.lr = lr_;
     m.epoch_seconds = seconds_since(start);
+    m.first_sample = first_sample;
     // Weighted by sample counts: ranks may hold different batch sizes in an epoch's last step.
     double totals[3] = {loss_sum, static_cast<double>(correct), static_cast<double>(samples)};
     comm_.allreduce(std::span<double>(totals), distributed::ReduceOp::kSum, "allreduce of epoch metrics");
@@ -232,16 +318,23 @@ class Trainer {
     m.train_accuracy = totals[1] / std::max(totals[2], 1.0);
     m.samples_per_sec = totals[2] / m.epoch_seconds;
     m.samples_per_sec_per_rank = m.samples_per_sec / world_.size();
-    m.stopped_early = step_limit_reached() && global_step_ % steps != 0;
+    m.stopped_early = step < steps;
     return m;
   }
 
+  // Dropout masks follow from (seed, rank, step, pass): a resumed run draws the same ones.
+  uint64_t dropout_stream(int64_t pass) const {
+    return derive_seed(config_.seed, "dropout/rank" + std::to_string(world_.rank()) + "/step" +
+                                         std::to_string(position_.global_step) + "/pass" + std::to_string(pass));
+  }
+
   // Each rank evaluates a contiguous slice of the test set; the sums are combined across ranks.
-  void evaluate(EpochMetrics& m) {
+  Evaluation evaluate() {
     NoGradGuard no_grad;
     model_->set_training(false);
     const int64_t n = test_set_.size, r = world_.rank(), size = world_.size();
     const int64_t begin = n * r / size, end = n * (r + 1) / size;
+    const bool mse = config_.model.loss == "mse";
     double loss_sum = 0, correct = 0;
     std::vector<int64_t> indices;
     for (int64_t first = begin; first < end; first += config_.data.eval_batch_size) {
@@ -250,16 +343,133 @@ class Trainer {
       for (int64_t i = first; i < last; ++i) indices[i - first] = i;
       fill_batch(test_set_, indices, batch_);
       Tensor output = model_->forward(batch_.inputs);
-      const bool mse = config_.model.loss == "mse";
-      loss_sum += static_cast<double>((mse ? ops::mse(output, batch_.targets) : ops::cross_entropy(output, batch_.labels)).item()) *
-                  (last - first);
+      Tensor loss = mse ? ops::mse(output, batch_.targets) : ops::cross_entropy(output, batch_.labels);
+      loss_sum += static_cast<double>(loss.item()) * (last - first);
       if (!mse) correct += static_cast<double>(count_correct(output, batch_.labels));
     }
     double totals[2] = {loss_sum, correct};
     comm_.allreduce(std::span<double>(totals), distributed::ReduceOp::kSum, "allreduce of evaluation metrics");
-    m.test_loss = totals[0] / n;
-    m.test_accuracy = totals[1] / n;
+    Evaluation e;
+    e.loss = totals[0] / n;
+    e.correct = static_cast<int64_t>(totals[1]);
+    e.samples = n;
+    e.accuracy = mse ? 0.0 : totals[1] / n;
+    return e;
   }
+
+  // --- checkpoints (rank 0) ---
+
+  // Loads `which` ("auto" or a path) into the model, optimizer and position_.
+  void resume(const std::string& which) {
+    const auto accept = [&](const Checkpoint& c) {
+      DPTRAIN_CHECK(c.position.epoch_samples_done < train_set_.size, c.path, ": its position (sample ",
+                    c.position.epoch_samples_done, " of epoch ", c.position.epochs_completed + 1,
+                    ") lies beyond the ", train_set_.size, " training samples configured now");
+      const std::vector<NamedTensor> state = optimizer_->state();
+      restore(c, optimizer_->parameters(), &state);
+    };
+    std::optional<Checkpoint> found;
+    if (which == "auto") {
+      const std::string& dir = config_.checkpoint.dir;
+      std::vector<std::string> rejected;
+      found = newest_valid_checkpoint(dir, accept, [&](const std::string& path, const std::string& reason) {
+        std::fprintf(stderr, "dptrain: skipping checkpoint %s: %s\n", path.c_str(), reason.c_str());
+        rejected.push_back(path);
+      });
+      if (!found) {
+        // Starting afresh would let the new run's checkpoints mix with these.
+        DPTRAIN_CHECK(rejected.empty(), "--resume auto: none of the ", rejected.size(), " checkpoint(s) in ", dir,
+                      " can be used (reasons above); move them away or set checkpoint.dir to start afresh");
+        std::printf("dptrain: --resume auto: no checkpoint in %s; starting fresh\n", dir.c_str());
+        return;
+      }
+    } else {
+      found = read_checkpoint(which);
+      accept(*found);
+    }
+    const Checkpoint& c = *found;
+    position_ = c.position;
+    optimizer_->set_steps_taken(c.position.optimizer_steps);
+    resumed_ = true;
+    const std::string written = c.meta("world_size") + " rank(s) x batch " + c.meta("batch_size");
+    const std::string now = std::to_string(world_.size()) + " rank(s) x batch " + std::to_string(config_.data.batch_size);
+    std::printf("dptrain: resuming from %s: step %lld, epoch %lld at sample %lld of %lld (written on %s%s)\n",
+                c.path.c_str(), static_cast<long long>(c.position.global_step),
+                static_cast<long long>(c.position.epochs_completed + 1),
+                static_cast<long long>(c.position.epoch_samples_done), static_cast<long long>(train_set_.size),
+                written.c_str(), written == now ? "" : (", now " + now + ": same samples, lr rescaled").c_str());
+    last_checkpoint_step_ = c.position.global_step;
+  }
+
+  // model.init_from: weights only, from a checkpoint (validated) or a plain safetensors file.
+  void init_from(const std::string& path) {
+    const safetensors::File file = safetensors::load(path);
+    if (file.metadata.contains("dptrain_checkpoint_version")) {
+      restore(read_checkpoint(path), model_->named_parameters(), nullptr);
+    } else {
+      layers::load_parameters(*model_, file, path);
+    }
+  }
+
+  void clear_earlier_checkpoints() {
+    const std::vector<std::string> earlier = list_checkpoints(config_.checkpoint.dir);
+    if (earlier.empty()) return;
+    // A fresh run owns its output: left in place, an earlier run's higher-step checkpoints would be
+    // what --resume auto picks later.
+    for (const std::string& path : earlier) std::filesystem::remove(path);
+    std::printf("dptrain: starting fresh: removed %zu checkpoint(s) of an earlier run from %s (--resume auto "
+                "continues one instead)\n",
+                earlier.size(), config_.checkpoint.dir.c_str());
+  }
+
+  void save_checkpoint() {
+    last_checkpoint_step_ = position_.global_step;
+    if (!world_.is_root()) return;
+    const auto start = Clock::now();
+    const Json sampler = {{"seed", config_.seed},
+                          {"shuffle", config_.data.shuffle},
+                          {"drop_last", config_.data.drop_last},
+                          {"dataset_size", train_set_.size},
+                          {"epoch", position_.epochs_completed},
+                          {"first_sample", position_.epoch_samples_done}};
+    const Json rng = {{"seed", config_.seed},
+                      {"dropout", "reseeded each pass from (seed, rank, global_step, pass); no stored state"},
+                      {"initialisation", "from (seed, parameter name)"}};
+    CheckpointData data{optimizer_->parameters(),
+                        optimizer_->state(),
+                        position_,
+                        {{"producer", "dptrain"},
+                         {"world_size", std::to_string(world_.size())},
+                         {"batch_size", std::to_string(config_.data.batch_size)},
+                         {"backward_passes_per_step", std::to_string(passes_per_step_)},
+                         {"optimizer", config_.optimizer.type},
+                         {"lr", std::to_string(lr_)},
+                         {"sampler", sampler.dump()},
+                         {"rng", rng.dump()},
+                         {"config", to_json(config_).dump()}}};
+    const std::vector<char> bytes = encode_checkpoint(data);
+    std::filesystem::create_directories(config_.checkpoint.dir);
+    const std::string path = config_.checkpoint.dir + "/" + checkpoint_file_name(position_.global_step);
+    const bool die_midway = fault_.kind == InjectedFault::Kind::kKillInCheckpoint &&
+                            fault_.step == position_.global_step && fault_.rank == world_.rank();
+    write_file_durably(path, bytes, [&] {
+      if (die_midway) std::raise(SIGKILL);
+    });
+    prune_checkpoints(config_.checkpoint.dir, config_.checkpoint.keep);
+    char line[512];
+    std::snprintf(line, sizeof line, "checkpoint: %s (%s, %.1f ms)", path.c_str(), megabytes(bytes.size()).c_str(),
+                  1e3 * seconds_since(start));
+    progress_.note(line);
+  }
+
+  void inject_fault_before_step() {
+    if (position_.global_step != fault_.step || world_.rank() != fault_.rank) return;
+    if (fault_.kind == InjectedFault::Kind::kThrow)
+      DPTRAIN_FAIL("fault injected by DPTRAIN_INJECT_FAULT at step ", position_.global_step);
+    if (fault_.kind == InjectedFault::Kind::kKill) std::raise(SIGKILL);
+  }
+
+  // --- output ---
 
   void announce() {
     if (!world_.is_root()) return;
@@ -280,19 +490,32 @@ class Trainer {
                   config_.distributed.overlap ? "on" : "off", config_.distributed.compression.c_str(),
                   config_.optimizer.lr, schedule_->scaled_lr());
     }
+    const CheckpointConfig& k = config_.checkpoint;
+    std::string every;
+    if (k.every_steps > 0) every = std::to_string(k.every_steps) + " step(s)";
+    if (k.every_epochs > 0) every += (every.empty() ? "" : " and ") + std::to_string(k.every_epochs) + " epoch(s)";
+    std::printf("checkpoints: %s, %s%s, newest %s kept\n", k.dir.c_str(), every.empty() ? "" : "every ",
+                every.empty() ? "at the end only" : (every + " and at the end").c_str(),
+                k.keep > 0 ? std::to_string(k.keep).c_str() : "all");
+    if (config_.training.epochs <= position_.epochs_completed || step_limit_reached())
+      std::printf("dptrain: training already complete at step %lld; nothing to do\n",
+                  static_cast<long long>(position_.global_step));
     std::fflush(stdout);
   }
 
   void report(const EpochMetrics& m) {
+    const std::string resumed =
+        m.first_sample > 0 ? " (resumed at sample " + std::to_string(m.first_sample) + ")" : std::string();
     if (config_.model.loss == "mse") {
-      std::printf("epoch %lld: train loss %.6g | test loss %.6g | %.0f samples/s (%.0f per rank), %.2f s\n",
+      std::printf("epoch %lld: train loss %.6g | test loss %.6g | %.0f samples/s (%.0f per rank), %.2f s%s\n",
                   static_cast<long long>(m.epoch), m.train_loss, m.test_loss, m.samples_per_sec,
-                  m.samples_per_sec_per_rank, m.epoch_seconds);
+                  m.samples_per_sec_per_rank, m.epoch_seconds, resumed.c_str());
     } else {
       std::printf("epoch %lld: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%% | %.0f samples/s (%.0f per "
-                  "rank), %.1f s\n",
+                  "rank), %.1f s%s\n",
                   static_cast<long long>(m.epoch), m.train_loss, 100 * m.train_accuracy, m.test_loss,
-                  100 * m.test_accuracy, m.samples_per_sec, m.samples_per_sec_per_rank, m.epoch_seconds);
+                  100 * m.test_accuracy, m.samples_per_sec, m.samples_per_sec_per_rank, m.epoch_seconds,
+                  resumed.c_str());
     }
     std::fflush(stdout);
   }
@@ -301,7 +524,7 @@ class Trainer {
     if (!world_.is_root()) return {};
     std::filesystem::create_directories(config_.output_dir);
     const std::string path = config_.output_dir + "/metrics.jsonl";
-    std::ofstream out(path, std::ios::trunc);
+    std::ofstream out(path, resumed_ ? std::ios::app : std::ios::trunc);
     DPTRAIN_CHECK(out, path, ": cannot open for writing (check output_dir)");
     return out;
   }
@@ -319,12 +542,14 @@ class Trainer {
                  {"lr", m.lr},
                  {"world_size", world_.size()}};
     if (m.stopped_early) line["stopped_early"] = "max_steps";
+    if (m.first_sample > 0) line["resumed_at_sample"] = m.first_sample;
     out << line.dump() << '\n';
     out.flush();
   }
 
   void save_final_weights() {
     const std::string path = config_.output_dir + "/model.safetensors";
+    std::filesystem::create_directories(config_.output_dir);
     safetensors::save(path, model_->named_parameters(), {{"format", "pt"}, {"producer", "dptrain"}});
     std::printf("final weights: %s\n", path.c_str());
   }
@@ -342,19 +567,32 @@ class Trainer {
   Progress progress_;
   InjectedFault fault_;
   Batch batch_;
-  int64_t global_step_ = 0;
+  TrainingPosition position_;
+  bool resumed_ = false;
+  int64_t last_checkpoint_step_ = -1;
   double lr_ = 0;
   uint64_t checksum_ = 0;
 };
 
-}  // namespace
-
-std::vector<EpochMetrics> train(const Config& config, const distributed::World& world) {
+void use_threads(const Config& config, const distributed::World& world) {
   const int threads = choose_threads(config.threads, world);
   omp_set_num_threads(threads);
   Eigen::setNbThreads(threads);
+}
+
+}  // namespace
+
+std::vector<EpochMetrics> train(const Config& config, const distributed::World& world, const RunOptions& options) {
+  use_threads(config, world);
   Trainer trainer(config, world);
+  trainer.start(options);
   return trainer.run();
+}
+
+Evaluation evaluate_checkpoint(const Config& config, const distributed::World& world, const std::string& checkpoint) {
+  use_threads(config, world);
+  Trainer trainer(config, world);
+  return trainer.evaluate_only(checkpoint);
 }
 
 }  // namespace dptrain::trainer

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "distributed/world.h"
@@ -18,9 +19,25 @@ struct EpochMetrics {
   double samples_per_sec = 0, samples_per_sec_per_rank = 0, epoch_seconds = 0;
   double lr = 0;  // at the end of the epoch
   bool stopped_early = false;  // training.max_steps ended this epoch
+  int64_t first_sample = 0;    // > 0: a resumed epoch, begun at this sample of its permutation
+};
+
+struct RunOptions {
+  // "" (fresh start), "auto" (the newest valid checkpoint in checkpoint.dir, else a fresh start) or
+  // the path of one checkpoint (that one, or fail).
+  std::string resume;
 };
 
 // Runs the configured training on this process's world; returns one entry per (partial) epoch.
-std::vector<EpochMetrics> train(const Config& config, const distributed::World& world);
+std::vector<EpochMetrics> train(const Config& config, const distributed::World& world, const RunOptions& options = {});
+
+struct Evaluation {
+  double loss = 0, accuracy = 0;  // accuracy: classification only
+  int64_t correct = 0, samples = 0;
+};
+
+// Loads the model weights of `checkpoint` (on rank 0, broadcast to the others) and evaluates the test
+// set, sharded over the ranks. Prints the result on rank 0.
+Evaluation evaluate_checkpoint(const Config& config, const distributed::World& world, const std::string& checkpoint);
 
 }  // namespace dptrain::trainer

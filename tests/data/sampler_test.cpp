@@ -104,6 +104,70 @@ TEST(ShardedSampler, OneRankWithBatchNBEqualsNRanksWithBatchB) {
         }
 }
 
+// Resuming an epoch where a checkpoint left it (same world and batch) replays the straight run's
+// remaining steps exactly, whatever the tail rule did.
+TEST(ShardedSampler, ResumingAtAStepBoundaryReplaysTheRemainingSteps) {
+  for (int world = 1; world <= 5; ++world)
+    for (int64_t n : {7, 50, 101})
+      for (int64_t batch : {1, 3, 8})
+        for (bool drop_last : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << "world=" << world << " n=" << n << " batch=" << batch
+                                            << " drop_last=" << drop_last);
+          for (int r = 0; r < world; ++r) {
+            ShardedSampler straight(n, batch, r, world, 5, true, drop_last);
+            straight.set_epoch(1);
+            const Batches whole = epoch_batches(straight);
+            EXPECT_EQ(straight.samples_before(0), 0);
+            for (int64_t k = 1; k < straight.steps_per_epoch(); ++k) {
+              ShardedSampler resumed(n, batch, r, world, 5, true, drop_last);
+              resumed.set_epoch(1, straight.samples_before(k));
+              EXPECT_EQ(epoch_batches(resumed), Batches(whole.begin() + k, whole.end())) << "resumed at step " << k;
+              EXPECT_EQ(resumed.samples_before(resumed.steps_per_epoch()),
+                        straight.samples_before(straight.steps_per_epoch()));
+            }
+          }
+        }
+}
+
+// On another world size or batch, the epoch continues from the same sample: together the ranks see
+// exactly the permutation positions [first, n), each once.
+TEST(ShardedSampler, ResumingOnAnotherWorldSizeCoversTheRestOfTheEpochOnce) {
+  ShardedSampler written(1000, 32, 0, 2, 11, true, false);
+  written.set_epoch(4);
+  std::vector<int64_t> order;
+  for (int64_t s = 0; s < written.steps_per_epoch(); ++s)
+    for (int r = 0; r < 2; ++r) {
+      ShardedSampler rank(1000, 32, r, 2, 11, true, false);
+      rank.set_epoch(4);
+      const auto b = rank.batch_indices(s);
+      order.insert(order.end(), b.begin(), b.end());
+    }
+  for (int world : {1, 3, 4})
+    for (int64_t first : {64, 320, 999}) {
+      std::vector<int64_t> seen;
+      int64_t steps = -1;
+      for (int r = 0; r < world; ++r) {
+        ShardedSampler s(1000, 20, r, world, 11, true, false);
+        s.set_epoch(4, first);
+        if (steps < 0) steps = s.steps_per_epoch();
+        EXPECT_EQ(s.steps_per_epoch(), steps);
+        EXPECT_EQ(s.samples_before(0), first);
+        EXPECT_EQ(s.samples_before(s.steps_per_epoch()), 1000);
+      }
+      for (int64_t step = 0; step < steps; ++step)
+        for (int r = 0; r < world; ++r) {
+          ShardedSampler s(1000, 20, r, world, 11, true, false);
+          s.set_epoch(4, first);
+          const auto b = s.batch_indices(step);
+          seen.insert(seen.end(), b.begin(), b.end());
+        }
+      EXPECT_EQ(seen, std::vector<int64_t>(order.begin() + first, order.end())) << "world " << world << " first " << first;
+    }
+  ShardedSampler s(1000, 20, 0, 1, 11, true, false);
+  EXPECT_THROW(s.set_epoch(0, 1000), dptrain::Error);
+  EXPECT_THROW(s.set_epoch(0, -1), dptrain::Error);
+}
+
 TEST(ShardedSampler, DeterministicPerSeedAndEpoch) {
   ShardedSampler a(1000, 32, 1, 3, 123, true, false), b(1000, 32, 1, 3, 123, true, false);
   a.set_epoch(5);

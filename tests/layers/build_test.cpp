@@ -178,6 +178,25 @@ TEST(BuildSequential, DropoutFollowsTrainingMode) {
   for (float v : eval_out.values()) EXPECT_EQ(v, 1.0f);
 }
 
+// Masks are a function of the stream seed alone (what makes resumed runs replay dropout exactly),
+// and two dropout layers draw independent masks from one stream seed.
+TEST(BuildSequential, DropoutMasksFollowTheStreamSeed) {
+  const auto model = build_sequential(Json::parse(R"([{"type": "dropout", "p": 0.5}, {"type": "dropout", "p": 0.5}])"),
+                                      {256}, 1);
+  const Tensor x = Tensor::full({1, 256}, 1.0f);
+  NoGradGuard guard;
+  const auto mask_of = [&](int layer, uint64_t stream) {
+    model->reseed(stream);
+    const auto v = model->layer(layer).forward(x).values();
+    return std::vector<float>(v.begin(), v.end());
+  };
+  const auto a = mask_of(0, 7);
+  model->layer(0).forward(x);  // advances the stream
+  EXPECT_EQ(mask_of(0, 7), a);
+  EXPECT_NE(mask_of(0, 8), a);
+  EXPECT_NE(mask_of(1, 7), a);
+}
+
 TEST(BuildSequentialErrors, UnknownLayerType) {
   expect_error([] { build_sequential(Json::parse(R"([{"type": "convolution"}])"), {1, 28, 28}, 0); },
                {"model.layers[0].type", "convolution", "not a layer type"});
