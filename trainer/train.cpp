@@ -117,7 +117,7 @@ struct InjectedFault {
 InjectedFault injected_fault() {
   InjectedFault f;
   const char* spec = std::getenv("DPTRAIN_INJECT_FAULT");
-  if (spec == nullptr) return f;
+  if (spec == nullptr || *spec == '\0') return f;
   char kind[32] = "throw";
   const int fields = std::sscanf(spec, "%d:%ld:%31s", &f.rank, &f.step, kind);
   const std::string k = kind;
@@ -373,7 +373,7 @@ class Trainer {
       const std::string& dir = config_.checkpoint.dir;
       std::vector<std::string> rejected;
       found = newest_valid_checkpoint(dir, accept, [&](const std::string& path, const std::string& reason) {
-        std::fprintf(stderr, "dptrain: skipping checkpoint %s: %s\n", path.c_str(), reason.c_str());
+        std::fprintf(stderr, "dptrain: skipping checkpoint: %s\n", reason.c_str());
         rejected.push_back(path);
       });
       if (!found) {

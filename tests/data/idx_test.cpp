@@ -265,3 +265,22 @@ TEST(RealMnist, LoadsWhenPresent) {
 }
 
 }  // namespace
+
+// data.max_train_samples / max_test_samples: the first n samples, inputs, labels and targets alike.
+TEST(KeepFirst, KeepsTheLeadingSamplesOnly) {
+  dptrain::data::Dataset ds;
+  ds.sample_shape = {2};
+  ds.size = 4;
+  ds.inputs = {0, 1, 10, 11, 20, 21, 30, 31};
+  ds.labels = {5, 6, 7, 8};
+  ds.targets = {0.5f, 1.5f, 2.5f, 3.5f};
+  dptrain::data::keep_first(ds, 0);  // 0: all
+  EXPECT_EQ(ds.size, 4);
+  dptrain::data::keep_first(ds, 9);  // more than there are: all
+  EXPECT_EQ(ds.size, 4);
+  dptrain::data::keep_first(ds, 3);
+  EXPECT_EQ(ds.size, 3);
+  EXPECT_EQ(ds.inputs, (std::vector<float>{0, 1, 10, 11, 20, 21}));
+  EXPECT_EQ(ds.labels, (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_EQ(ds.targets, (std::vector<float>{0.5f, 1.5f, 2.5f}));
+}

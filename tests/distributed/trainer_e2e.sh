@@ -11,53 +11,7 @@
 #   backward_passes                    batch 128 == 2 accumulated passes of 64 == 2 ranks x 2 passes of 32
 #   fault_injection                    a rank that throws takes the job down within 10 s, naming itself
 #   stall_watchdog                     a SIGSTOPped rank: the peer warns, then aborts the job
-set -u
-CASE=$1 TRAINER=$2 SRC=$3 SCRATCH=$4 MPIEXEC=${5:-mpirun}
-PY=/usr/bin/python3
-WEIGHTS="$PY $SRC/tests/distributed/compare_weights.py"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMP_NUM_THREADS=1  # with threads = 1 in every run: one core per rank, deterministic kernels
-
-rm -rf "$SCRATCH"
-mkdir -p "$SCRATCH"
-cd "$SCRATCH" || exit 1
-
-# Seconds since $1 (a `date +%s.%N` stamp), one decimal.
-since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
-
-fail() {
-  echo "FAIL: $*"
-  exit 1
-}
-
-need_mnist() {
-  if [ ! -e "$SRC/data/mnist/train-images-idx3-ubyte" ] && [ ! -e "$SRC/data/mnist/train-images-idx3-ubyte.gz" ]; then
-    echo "SKIP: $SRC/data/mnist is absent (scripts/setup.sh fetches it)"
-    exit 77
-  fi
-}
-
-# train NP NAME CONFIG [--set k=v ...]: runs the trainer on NP ranks (1: without mpirun), output in
-# $SCRATCH/NAME/ (model.safetensors) with stdout and stderr in NAME.out / NAME.err.
-train() {
-  local np=$1 name=$2 config=$3
-  shift 3
-  local cmd=("$TRAINER" --config "$SRC/configs/$config" --set "output_dir=\"$SCRATCH/$name\"" --set threads=1
-             --set "data.dir=\"$SRC/data/mnist\"" "$@")
-  if [ "$np" -gt 1 ]; then
-    cmd=("$MPIEXEC" -np "$np" --oversubscribe "${cmd[@]}")
-  fi
-  local start=$(date +%s.%N)
-  "${cmd[@]}" >"$name.out" 2>"$name.err"
-  local rc=$?
-  printf '  %-28s np %d  %5.1f s  exit %d\n' "$name" "$np" "$(since "$start")" "$rc"
-  if [ $rc -ne 0 ]; then
-    echo "---- $name stderr ----"
-    tail -20 "$name.err"
-    fail "$name exited with $rc"
-  fi
-  [ -s "$SCRATCH/$name/model.safetensors" ] || fail "$name wrote no model.safetensors"
-}
+source "$(dirname "$0")/../e2e_common.sh"
 
 # 20 steps, no LR scaling, constant LR: only the split of the global batch differs between runs.
 MLP=(--set training.max_steps=20 --set optimizer.lr_scaling=none --set training.epochs=1)

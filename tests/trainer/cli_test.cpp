@@ -182,3 +182,27 @@ TEST_F(TrainerCliData, MissingFile) {
   std::filesystem::remove(dir_ / "t10k-images-idx3-ubyte");
   expect_one_line_error(args(), {"t10k-images-idx3-ubyte", "setup.sh"});
 }
+
+TEST_F(TrainerCliData, ResumeFromAMissingCheckpointFails) {
+  const std::string missing = (dir_ / "no_such_ckpt.safetensors").string();
+  expect_one_line_error(args() + " --resume '" + missing + "'", {missing, "cannot open checkpoint"});
+}
+
+TEST_F(TrainerCliData, ResumeAutoWithoutCheckpointsStartsFresh) {
+  const RunResult r = run_trainer(args() + " --resume auto");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("no checkpoint in " + (dir_ / "run" / "checkpoints").string() + "; starting fresh"),
+            std::string::npos)
+      << r.out;
+  // The run then writes its own checkpoint at the end, and a second --resume auto finds it done.
+  const RunResult again = run_trainer(args() + " --resume auto");
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_NE(again.out.find("ckpt-00000001.safetensors: step 1"), std::string::npos) << again.out;
+  EXPECT_NE(again.out.find("training already complete at step 1"), std::string::npos) << again.out;
+}
+
+TEST_F(TrainerCliData, EvaluateAndResumeExcludeEachOther) {
+  const RunResult r = run_trainer(args() + " --resume auto --evaluate x.safetensors");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("excludes"), std::string::npos) << r.err;
+}

@@ -79,6 +79,13 @@ TEST(ParseConfig, DefaultsForAMinimalConfig) {
   Config fashion = parse_config(Json::parse(R"({"model": {"input_shape": [4], "layers": [{"type": "relu"}]},
                                                 "data": {"dataset": "fashion_mnist"}})"));
   EXPECT_EQ(fashion.data.dir, "/usr/share/datasets/fashion-mnist");
+  // Checkpoints live under the output directory unless told otherwise.
+  Config out = parse_config(Json::parse(R"({"model": {"input_shape": [4], "layers": [{"type": "relu"}]},
+                                            "output_dir": "runs/x"})"));
+  EXPECT_EQ(out.checkpoint.dir, "runs/x/checkpoints");
+  EXPECT_EQ(out.checkpoint.every_epochs, 1);
+  EXPECT_EQ(out.checkpoint.every_steps, 0);
+  EXPECT_EQ(out.checkpoint.keep, 3);
 }
 
 TEST(ParseConfig, ResolvedConfigRoundTrips) {
@@ -94,6 +101,14 @@ TEST(ParseConfig, ResolvedConfigRoundTrips) {
   sgd["optimizer"] = Json::parse(R"({"type": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": true})");
   const Json sgd_resolved = to_json(parse_config(sgd));
   EXPECT_EQ(to_json(parse_config(sgd_resolved)), sgd_resolved);
+}
+
+TEST(ConfigErrors, UnknownOrNegativeCheckpointKeys) {
+  Json j = mnist();
+  j["checkpoint"] = Json::parse(R"({"every_step": 10})");
+  expect_config_error(j, {"checkpoint.every_step", "not a known key"});
+  j["checkpoint"] = Json::parse(R"({"keep": -1})");
+  expect_config_error(j, {"checkpoint.keep", "out of range"});
 }
 
 TEST(ConfigErrors, UnknownTopLevelKey) {

@@ -1,0 +1,57 @@
+# Shared by the end-to-end scripts (tests/*/..._e2e.sh): arguments, helpers and the `train` runner.
+# Sourced with the script's arguments: CASE TRAINER SOURCE_DIR SCRATCH_DIR [MPIEXEC].
+set -u
+CASE=$1 TRAINER=$2 SRC=$3 SCRATCH=$4 MPIEXEC=${5:-mpirun}
+PY=/usr/bin/python3
+WEIGHTS="$PY $SRC/tests/distributed/compare_weights.py"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMP_NUM_THREADS=1  # with threads = 1 in every run: one core per rank, deterministic kernels
+
+rm -rf "$SCRATCH"
+mkdir -p "$SCRATCH"
+cd "$SCRATCH" || exit 1
+
+# Seconds since $1 (a `date +%s.%N` stamp), one decimal.
+since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+
+fail() {
+  echo "FAIL: $*"
+  exit 1
+}
+
+need_mnist() {
+  if [ ! -e "$SRC/data/mnist/train-images-idx3-ubyte" ] && [ ! -e "$SRC/data/mnist/train-images-idx3-ubyte.gz" ]; then
+    echo "SKIP: $SRC/data/mnist is absent (scripts/setup.sh fetches it)"
+    exit 77
+  fi
+}
+
+# launch NP NAME CONFIG [--set k=v | other trainer flags ...]: runs the trainer on NP ranks (1:
+# without mpirun) with stdout and stderr in NAME.out / NAME.err, and sets RC to its exit status.
+# Output goes to $SCRATCH/$RUN_DIR (default NAME): several launches can share one run directory.
+# DPTRAIN_INJECT_FAULT, when set, reaches every rank.
+launch() {
+  local np=$1 name=$2 config=$3
+  shift 3
+  local cmd=("$TRAINER" --config "$SRC/configs/$config" --set "output_dir=\"$SCRATCH/${RUN_DIR:-$name}\""
+             --set threads=1 --set "data.dir=\"$SRC/data/mnist\"" "$@")
+  if [ "$np" -gt 1 ]; then
+    cmd=("$MPIEXEC" -np "$np" --oversubscribe -x DPTRAIN_INJECT_FAULT "${cmd[@]}")
+  fi
+  local start=$(date +%s.%N)
+  DPTRAIN_INJECT_FAULT=${DPTRAIN_INJECT_FAULT:-} "${cmd[@]}" >"$name.out" 2>"$name.err"
+  RC=$?
+  printf '  %-28s np %d  %5.1f s  exit %d\n' "$name" "$np" "$(since "$start")" "$RC"
+}
+
+# train NP NAME CONFIG [...]: launch, which must succeed and leave $SCRATCH/NAME/model.safetensors.
+train() {
+  launch "$@"
+  local name=$2
+  if [ "$RC" -ne 0 ]; then
+    echo "---- $name stderr ----"
+    tail -20 "$name.err"
+    fail "$name exited with $RC"
+  fi
+  [ -s "$SCRATCH/${RUN_DIR:-$name}/model.safetensors" ] || fail "$name wrote no model.safetensors"
+}

@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# End-to-end checks of checkpoints and resume with the real `trainer` under mpirun (ctest: e2e_<case>).
+#
+#   checkpoint_e2e.sh CASE TRAINER SOURCE_DIR SCRATCH_DIR [MPIEXEC]
+#
+# Cases (MNIST subsets, so each runs in seconds; exit 77 = skipped when data/mnist is absent):
+#   resume_exact_adam       2 ranks, MLP with dropout, Adam, 256 steps over 4 epochs: a run SIGKILLed
+#                           between two checkpoints and resumed with --resume auto ends with weights
+#                           bitwise identical to a straight run's
+#   resume_exact_sgd        the same with the CNN and SGD with momentum (150 steps over 3 epochs)
+#   interrupted_write       rank 0 SIGKILLed half-way through writing a checkpoint: the previous one
+#                           still loads, --resume auto picks it, and the weights still match
+#   damaged_checkpoints     flipped byte, truncation, another model: auto reports each by name and
+#                           reason and falls back; an explicit PATH fails with one line
+#   resume_other_world_size 2 ranks -> 1 and 1 -> 2: training continues from the same sample and
+#                           reaches the straight run's accuracy band
+#   pytorch_interop         scripts/checkpoint_to_pytorch.py's accuracy == trainer --evaluate's
+#                           within 0.01% (skipped without python3-torch)
+source "$(dirname "$0")/../e2e_common.sh"
+need_mnist
+
+# Newest checkpoint in run directory $1.
+newest() { ls "$SCRATCH/$1/checkpoints"/ckpt-*.safetensors 2>/dev/null | sort | tail -1; }
+
+# expect_killed NAME: the launch just made must have died (non-zero) rather than finished.
+expect_killed() {
+  [ "$RC" -ne 0 ] || fail "$1 was meant to be killed but exited 0"
+  [ ! -e "$SCRATCH/$1/model.safetensors" ] || fail "$1 was meant to be killed but finished training"
+}
+
+# resumed_from NAME: the checkpoint file a --resume run says it started from.
+resumed_from() { sed -n 's/^dptrain: resuming from \([^:]*\):.*/\1/p' "$1.out"; }
+
+# A small epoch keeps CI short: 4096 samples / (2 ranks x 32) = 64 steps per epoch.
+SMALL=(--set data.max_train_samples=4096 --set data.max_test_samples=2000 --set data.batch_size=32)
+MLP_DROPOUT='[{"type":"flatten"},{"type":"dense","out_features":128},{"type":"relu"},{"type":"dropout","p":0.2},{"type":"dense","out_features":10}]'
+ADAM=(mnist_mlp.json "${SMALL[@]}" --set "model.layers=$MLP_DROPOUT" --set training.epochs=4
+      --set checkpoint.every_steps=25 --set checkpoint.every_epochs=0)
+
+# exact_resume NAME KILL_STEP EXPECTED_CHECKPOINT_STEP CONFIG...: straight run vs killed + resumed.
+exact_resume() {
+  local name=$1 kill_at=$2 expect_step=$3
+  shift 3
+  train 2 straight "$@"
+  DPTRAIN_INJECT_FAULT=1:$kill_at:kill RUN_DIR=$name launch 2 "${name}_killed" "$@"
+  expect_killed "$name"
+  echo "  killed after step $kill_at; checkpoints left: $(ls "$SCRATCH/$name/checkpoints" | tr '\n' ' ')"
+  RUN_DIR=$name train 2 "${name}_resumed" "$@" --resume auto
+  local from=$(resumed_from "${name}_resumed")
+  echo "  resumed from $from"
+  [ "$(basename "$from")" = "ckpt-$(printf %08d "$expect_step").safetensors" ] ||
+    fail "expected to resume from step $expect_step, got '$from'"
+  cmp "straight/model.safetensors" "$name/model.safetensors" || fail "resumed weights differ from the straight run's"
+  echo "  final weights bitwise identical to the straight run's ($(grep -c . "$SCRATCH/$name/metrics.jsonl") metric lines)"
+  local kept=$(ls "$SCRATCH/$name/checkpoints" | grep -c '^ckpt-')
+  [ "$kept" -le 3 ] || fail "checkpoint.keep 3 left $kept checkpoints"
+}
+
+case "$CASE" in
+  resume_exact_adam)
+    # Checkpoints every 25 steps; killed after step 137 (epoch 3), between checkpoints 125 and 150.
+    exact_resume adam 137 125 "${ADAM[@]}"
+    ;;
+
+  resume_exact_sgd)
+    # 3200 samples: 50 steps per epoch. Checkpoints every 20 steps; killed after step 70, so the
+    # resume (from 60) crosses no checkpoint but the epoch boundary at 100 and two more checkpoints.
+    exact_resume sgd 70 60 mnist.json "${SMALL[@]}" --set data.max_train_samples=3200 --set training.epochs=3 \
+      --set optimizer.type=sgd --set optimizer.lr=0.05 --set optimizer.momentum=0.9 \
+      --set optimizer.schedule=cosine --set checkpoint.every_steps=20 --set checkpoint.every_epochs=0
+    ;;
+
+  interrupted_write)
+    train 2 straight "${ADAM[@]}"
+    # Rank 0 SIGKILLs itself half-way through writing ckpt-150 (DPTRAIN_INJECT_FAULT kind
+    # kill_in_checkpoint): the temp file is left, the rename never happened.
+    DPTRAIN_INJECT_FAULT=0:150:kill_in_checkpoint RUN_DIR=run launch 2 killed_writing "${ADAM[@]}"
+    expect_killed run
+    ls -la "$SCRATCH/run/checkpoints" | sed 's/^/    /'
+    [ -e "$SCRATCH/run/checkpoints/.ckpt-00000150.safetensors.tmp" ] || fail "no half-written temp file was left"
+    [ ! -e "$SCRATCH/run/checkpoints/ckpt-00000150.safetensors" ] || fail "the interrupted checkpoint has its final name"
+    previous=$(newest run)
+    [ "$(basename "$previous")" = ckpt-00000125.safetensors ] || fail "newest complete checkpoint is '$previous'"
+    launch 1 evaluate_previous mnist_mlp.json "${SMALL[@]}" --set "model.layers=$MLP_DROPOUT" --evaluate "$previous"
+    [ "$RC" -eq 0 ] || fail "the previous checkpoint does not load: $(cat evaluate_previous.err)"
+    sed 's/^/  /' evaluate_previous.out
+    RUN_DIR=run train 2 resumed "${ADAM[@]}" --resume auto
+    [ "$(resumed_from resumed)" = "$previous" ] || fail "--resume auto picked '$(resumed_from resumed)', not $previous"
+    echo "  --resume auto picked $(basename "$previous")"
+    cmp straight/model.safetensors run/model.safetensors || fail "weights differ from the straight run's"
+    echo "  final weights bitwise identical to the straight run's"
+    [ ! -e "$SCRATCH/run/checkpoints/.ckpt-00000150.safetensors.tmp" ] || fail "the stale temp file was not cleaned up"
+    ;;
+
+  damaged_checkpoints)
+    RUN=(mnist_mlp.json "${SMALL[@]}" --set training.epochs=1 --set checkpoint.every_steps=16 --set checkpoint.keep=0)
+    train 2 run "${RUN[@]}"
+    ls "$SCRATCH/run/checkpoints" | sed 's/^/    /'
+    dir=$SCRATCH/run/checkpoints
+    # Newest (64, end of training) gets one flipped byte near its end (in the weights); 48 is cut short.
+    $PY -c "import sys; p=sys.argv[1]; b=bytearray(open(p,'rb').read()); b[-100]^=1; open(p,'wb').write(b)" \
+      "$dir/ckpt-00000064.safetensors"
+    truncate -s 5000 "$dir/ckpt-00000048.safetensors"
+    RUN_DIR=run train 2 auto "${RUN[@]}" --set training.epochs=2 --resume auto
+    sed 's/^/    /' auto.err
+    grep -q "skipping checkpoint: $dir/ckpt-00000064.safetensors: .*checksum mismatch" auto.err ||
+      fail "the flipped byte in ckpt-64 was not reported by name and reason"
+    grep -q "skipping checkpoint: $dir/ckpt-00000048.safetensors: " auto.err || fail "the truncated ckpt-48 was not reported"
+    [ "$(resumed_from auto)" = "$dir/ckpt-00000032.safetensors" ] || fail "auto did not fall back to ckpt-32"
+    echo "  --resume auto fell back to ckpt-00000032.safetensors"
+
+    # An explicit PATH to a damaged file: non-zero exit, one line naming the file and the problem.
+    cp "$dir/ckpt-00000032.safetensors" good.safetensors
+    $PY -c "import sys; p=sys.argv[1]; b=bytearray(open(p,'rb').read()); b[-100]^=1; open(p,'wb').write(b)" good.safetensors
+    RUN_DIR=explicit launch 2 explicit "${RUN[@]}" --resume "$SCRATCH/good.safetensors"
+    [ "$RC" -ne 0 ] || fail "--resume of a damaged file exited 0"
+    grep -q "dptrain: error on rank 0: $SCRATCH/good.safetensors: tensor data checksum mismatch" explicit.err ||
+      fail "the error does not name the file and the problem: $(cat explicit.err)"
+    echo "  explicit damaged PATH: exit $RC, $(grep -m1 'dptrain: error' explicit.err)"
+
+    # A checkpoint of another model: rejected naming the tensor; with auto and nothing usable, the
+    # run stops rather than start afresh among unusable checkpoints.
+    WIDER=(--set 'model.layers=[{"type":"flatten"},{"type":"dense","out_features":64},{"type":"relu"},{"type":"dense","out_features":10}]')
+    RUN_DIR=run launch 2 other_model "${RUN[@]}" "${WIDER[@]}" --resume "$dir/ckpt-00000032.safetensors"
+    [ "$RC" -ne 0 ] || fail "a checkpoint of another model was accepted"
+    grep -q "tensor '1.weight' has shape \[128, 784\] but the configured model's is \[64, 784\]" other_model.err ||
+      fail "the shape mismatch is not named: $(cat other_model.err)"
+    echo "  another model: $(grep -m1 'dptrain: error' other_model.err)"
+    RUN_DIR=run launch 2 other_model_auto "${RUN[@]}" "${WIDER[@]}" --resume auto
+    [ "$RC" -ne 0 ] || fail "--resume auto started afresh among unusable checkpoints"
+    grep -q "none of the .* checkpoint(s) in $dir can be used" other_model_auto.err || fail "$(cat other_model_auto.err)"
+    ;;
+
+  resume_other_world_size)
+    # 8192 samples, batch 64 per rank, 2 epochs. Straight on 2 ranks; then 2 ranks stopped at step
+    # 80 (epoch 2, sample 2048) and resumed on 1 rank, and the reverse. The world size changes the
+    # global batch (128 vs 64), the steps and the scaled LR, so weights differ; accuracy must stay in
+    # the straight run's band (within 1.5 points), and the resume must start at the same sample.
+    RUN=(mnist_mlp.json --set data.max_train_samples=8192 --set data.batch_size=64 --set training.epochs=2)
+    train 2 straight "${RUN[@]}"
+    RUN_DIR=two_then_one train 2 two_then_one_a "${RUN[@]}" --set training.max_steps=80
+    RUN_DIR=two_then_one train 1 two_then_one_b "${RUN[@]}" --resume auto
+    RUN_DIR=one_then_two train 1 one_then_two_a "${RUN[@]}" --set training.max_steps=160
+    RUN_DIR=one_then_two train 2 one_then_two_b "${RUN[@]}" --resume auto
+    grep -h "resuming from" two_then_one_b.out one_then_two_b.out | sed 's/^/    /'
+    grep -q "epoch 2 at sample 2048 of 8192 (written on 2 rank(s) x batch 64, now 1 rank(s) x batch 64" two_then_one_b.out ||
+      fail "2 -> 1 did not resume at sample 2048 of epoch 2"
+    grep -q "epoch 2 at sample 2048 of 8192 (written on 1 rank(s) x batch 64, now 2 rank(s) x batch 64" one_then_two_b.out ||
+      fail "1 -> 2 did not resume at sample 2048 of epoch 2"
+    $PY - "$SCRATCH" <<'PYEOF' || fail "a resumed run left the straight run's accuracy band"
+import json, sys
+def final(run):
+    return json.loads(open(f"{sys.argv[1]}/{run}/metrics.jsonl").read().splitlines()[-1])["test_accuracy"]
+acc = {run: final(run) for run in ("straight", "two_then_one", "one_then_two")}
+print("  final test accuracy:", {k: f"{100 * v:.2f}%" for k, v in acc.items()})
+sys.exit(0 if all(abs(v - acc["straight"]) <= 0.015 for v in acc.values()) else 1)
+PYEOF
+    ;;
+
+  pytorch_interop)
+    if ! $PY -c "import torch, numpy" 2>/dev/null; then
+      echo "SKIP: python3-torch / python3-numpy are not installed (scripts/setup.sh --with-torch)"
+      exit 77
+    fi
+    # The CNN, one short epoch on 2 ranks; then the final checkpoint evaluated on all 10,000 test
+    # images by the trainer and by PyTorch.
+    RUN=(mnist.json --set data.max_train_samples=4096 --set data.batch_size=64 --set training.epochs=1)
+    train 2 cnn "${RUN[@]}"
+    ckpt=$(newest cnn)
+    launch 2 evaluate "${RUN[@]}" --evaluate "$ckpt"
+    [ "$RC" -eq 0 ] || fail "trainer --evaluate failed: $(cat evaluate.err)"
+    $PY "$SRC/scripts/checkpoint_to_pytorch.py" "$ckpt" --data-dir "$SRC/data/mnist" --save cnn.pt >torch.out ||
+      fail "checkpoint_to_pytorch.py failed"
+    sed 's/^/  /' evaluate.out torch.out
+    ours=$(sed -n 's/.*(\([0-9]*\) of 10000 correct.*/\1/p' evaluate.out)
+    theirs=$(sed -n 's/.*(\([0-9]*\) of 10000 correct.*/\1/p' torch.out)
+    [ -n "$ours" ] && [ -n "$theirs" ] || fail "could not read both accuracies"
+    # 0.01% of 10,000 images is one image.
+    diff=$((ours > theirs ? ours - theirs : theirs - ours))
+    [ "$diff" -le 1 ] || fail "accuracy differs by $diff images (> 0.01%)"
+    echo "  trainer $ours vs PyTorch $theirs correct of 10000: difference $diff image(s)"
+    ;;
+
+  *)
+    fail "unknown case '$CASE'"
+    ;;
+esac
+echo "PASS: $CASE"
