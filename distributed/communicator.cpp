@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/timeline.h"
 #include "distributed/world.h"
 
 namespace dptrain::distributed {
@@ -63,6 +64,7 @@ void allreduce_half_now(std::span<uint16_t> buffer, HalfFormat format, MPI_Comm 
 
 struct Job {
   std::string what;
+  std::string timeline_name;  // its span on the timeline, when that is on
   std::function<void()> run;
   std::atomic<bool> done{false};
   std::exception_ptr error;
@@ -157,6 +159,7 @@ struct CommWorker {
   // The thread holds its own reference: if the owner must give up on a collective that never
   // returns (an abort is coming), it detaches and nothing is destroyed under the thread's feet.
   static void loop(std::shared_ptr<CommWorker> self, std::shared_ptr<StallWatchdog> dog) {
+    timeline::set_thread(1, "communication");
     for (;;) {
       std::shared_ptr<Job> job;
       {
@@ -169,7 +172,10 @@ struct CommWorker {
       }
       try {
         Watch watch(dog.get(), 1, job->what);
+        const auto begin = timeline::Clock::now();
         job->run();
+        if (timeline::enabled() && !job->timeline_name.empty())
+          timeline::record(std::move(job->timeline_name), "communication", begin, timeline::Clock::now());
       } catch (...) {
         job->error = std::current_exception();
       }
@@ -207,13 +213,14 @@ Communicator::~Communicator() {
   }
 }
 
-Pending Communicator::submit(std::string what, std::function<void()> run) {
+Pending Communicator::submit(std::string what, std::string timeline_name, std::function<void()> run) {
   if (!worker_) {
     worker_ = std::make_shared<CommWorker>();
     worker_->thread = std::thread(CommWorker::loop, worker_, watchdog_);
   }
   auto job = std::make_shared<Job>();
   job->what = std::move(what);
+  job->timeline_name = std::move(timeline_name);
   job->run = std::move(run);
   {
     std::lock_guard lock(worker_->mutex);
@@ -225,9 +232,10 @@ Pending Communicator::submit(std::string what, std::function<void()> run) {
   return p;
 }
 
-Pending Communicator::start_allreduce(std::span<float> buffer, ReduceOp op, std::string what) {
+Pending Communicator::start_allreduce(std::span<float> buffer, ReduceOp op, std::string what,
+                                      std::string timeline_name) {
   if (size_ == 1 || buffer.empty()) return {};
-  return submit(std::move(what), [this, buffer, op] {
+  return submit(std::move(what), std::move(timeline_name), [this, buffer, op] {
     DPTRAIN_MPI_CHECK(
         MPI_Allreduce(MPI_IN_PLACE, buffer.data(), checked_count(buffer.size()), MPI_FLOAT, MPI_SUM, comm_));
     if (op == ReduceOp::kAverage) {
@@ -237,9 +245,11 @@ Pending Communicator::start_allreduce(std::span<float> buffer, ReduceOp op, std:
   });
 }
 
-Pending Communicator::start_allreduce_half(std::span<uint16_t> buffer, HalfFormat format, std::string what) {
+Pending Communicator::start_allreduce_half(std::span<uint16_t> buffer, HalfFormat format, std::string what,
+                                           std::string timeline_name) {
   if (size_ == 1 || buffer.empty()) return {};
-  return submit(std::move(what), [this, buffer, format] { allreduce_half_now(buffer, format, comm_); });
+  return submit(std::move(what), std::move(timeline_name),
+                [this, buffer, format] { allreduce_half_now(buffer, format, comm_); });
 }
 
 void Communicator::wait(Pending& pending) {
@@ -308,6 +318,30 @@ void Communicator::barrier(const std::string& what) {
   drain();
   Watch watch(watchdog_.get(), 0, what);
   DPTRAIN_MPI_CHECK(MPI_Barrier(comm_));
+}
+
+std::vector<std::string> Communicator::gather_to_root(const std::string& mine, const std::string& what) {
+  if (size_ == 1) return {mine};
+  drain();
+  Watch watch(watchdog_.get(), 0, what);
+  const int length = checked_count(mine.size());
+  std::vector<int> lengths(rank_ == 0 ? size_ : 0), offsets(lengths.size());
+  DPTRAIN_MPI_CHECK(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm_));
+  std::string all;
+  if (rank_ == 0) {
+    std::size_t total = 0;
+    for (int r = 0; r < size_; ++r) {
+      offsets[r] = checked_count(total);
+      total += static_cast<std::size_t>(lengths[r]);
+    }
+    all.resize(total);
+    checked_count(total);  // the displacements are ints as well
+  }
+  DPTRAIN_MPI_CHECK(MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR,
+                                0, comm_));
+  std::vector<std::string> out;
+  for (int r = 0; rank_ == 0 && r < size_; ++r) out.push_back(all.substr(offsets[r], lengths[r]));
+  return out;
 }
 
 #define DPTRAIN_INSTANTIATE(T)                                                           \

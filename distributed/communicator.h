@@ -14,6 +14,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "core/half.h"
 
@@ -51,10 +52,12 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
-  // Asynchronous, in place, run on the communication thread in submission order.
-  Pending start_allreduce(std::span<float> buffer, ReduceOp op, std::string what);
+  // Asynchronous, in place, run on the communication thread in submission order. `what` names the
+  // collective in errors and stall warnings; `timeline_name`, if given, is its span on the timeline.
+  Pending start_allreduce(std::span<float> buffer, ReduceOp op, std::string what, std::string timeline_name = {});
   // The sum runs in half precision (a custom MPI_Op); callers pre-scale against overflow.
-  Pending start_allreduce_half(std::span<uint16_t> buffer, HalfFormat format, std::string what);
+  Pending start_allreduce_half(std::span<uint16_t> buffer, HalfFormat format, std::string what,
+                               std::string timeline_name = {});
   // Rethrows the collective's error, if any.
   void wait(Pending& pending);
 
@@ -68,9 +71,11 @@ class Communicator {
   template <typename T>
   void allgather(std::span<const T> send, std::span<T> recv, const std::string& what);
   void barrier(const std::string& what);
+  // Every rank's string on rank 0 (in rank order); other ranks get an empty list.
+  std::vector<std::string> gather_to_root(const std::string& mine, const std::string& what);
 
  private:
-  Pending submit(std::string what, std::function<void()> run);
+  Pending submit(std::string what, std::string timeline_name, std::function<void()> run);
   void drain();
 
   MPI_Comm comm_;

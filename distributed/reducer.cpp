@@ -1,10 +1,12 @@
 // Bucketed, overlapped gradient averaging.
 #include "distributed/reducer.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
 #include "core/error.h"
+#include "core/timeline.h"
 
 namespace dptrain::distributed {
 namespace {
@@ -118,21 +120,27 @@ void GradientReducer::prepare(int64_t step) {
 void GradientReducer::on_gradient_ready(std::size_t parameter) {
   if (!armed_) return;  // an accumulation pass (backward_passes_per_step > 1)
   ++ready_count_[bucket_of_[parameter]];
+  if (next_launch_ >= buckets_.size() || ready_count_[next_launch_] != buckets_[next_launch_].parameters.size()) return;
+  const auto start = std::chrono::steady_clock::now();
   while (next_launch_ < buckets_.size() && ready_count_[next_launch_] == buckets_[next_launch_].parameters.size()) {
     // The last bucket has nothing left to overlap with: reducing it here saves the hand-off to the
     // communication thread (which shares this rank's core).
     const bool last = next_launch_ + 1 == buckets_.size();
     launch(next_launch_++, /*async=*/!last);
   }
+  times_.in_backward_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 void GradientReducer::launch(std::size_t b, bool async) {
   launched_[b] = true;
   const std::span<float> grads = window(b);
+  const int index = static_cast<int>(b);
+  const auto span_name = [&] { return timeline::enabled() ? "allreduce bucket " + std::to_string(b) : std::string(); };
   if (options_.compression == Compression::kNone) {
     if (async) {
-      pending_[b] = comm_.start_allreduce(grads, ReduceOp::kSum, label(b));
+      pending_[b] = comm_.start_allreduce(grads, ReduceOp::kSum, label(b), span_name());
     } else {
+      timeline::Span span("allreduce bucket ", "communication", index);
       comm_.allreduce(grads, ReduceOp::kSum, label(b));
     }
     return;
@@ -140,15 +148,20 @@ void GradientReducer::launch(std::size_t b, bool async) {
   // Scaled by 1/N before the sum (not after) so the half-precision sum cannot overflow.
   const std::span<uint16_t> half(flat_half_.data() + buckets_[b].offset, grads.size());
   const float scale = options_.gradients_prescaled ? 1.0f : 1.0f / static_cast<float>(comm_.size());
-  floats_to_halves(grads.data(), half.data(), static_cast<int64_t>(grads.size()), scale, half_format());
+  {
+    timeline::Span span("compress bucket ", "communication", index);
+    floats_to_halves(grads.data(), half.data(), static_cast<int64_t>(grads.size()), scale, half_format());
+  }
   if (async) {
-    pending_[b] = comm_.start_allreduce_half(half, half_format(), label(b));
+    pending_[b] = comm_.start_allreduce_half(half, half_format(), label(b), span_name());
   } else {
+    timeline::Span span("allreduce bucket ", "communication", index);
     comm_.allreduce_half(half, half_format(), label(b));
   }
 }
 
 void GradientReducer::finish() {
+  const auto start = std::chrono::steady_clock::now();
   armed_ = false;
   const float inv = 1.0f / static_cast<float>(comm_.size());
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
@@ -160,12 +173,14 @@ void GradientReducer::finish() {
       // order: earlier buckets were launched first on every rank.
       if (!launched_[b]) {
         launch(b, /*async=*/false);
-      } else {
-        comm_.wait(pending_[b]);  // no-op for a bucket reduced synchronously
+      } else if (pending_[b].active()) {
+        timeline::Span span("wait for bucket ", "communication", static_cast<int>(b));
+        comm_.wait(pending_[b]);
       }
       if (options_.compression == Compression::kNone) {
         if (!options_.gradients_prescaled) scale = inv;
       } else {
+        timeline::Span span("decompress bucket ", "communication", static_cast<int>(b));
         halves_to_floats(flat_half_.data() + buckets_[b].offset, grads.data(), n, half_format());
       }
     }
@@ -187,6 +202,7 @@ void GradientReducer::finish() {
   }
   // The next step may skip prepare() (no overlap): nothing counts as launched then.
   std::fill(launched_.begin(), launched_.end(), false);
+  times_.finish_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 }  // namespace dptrain::distributed

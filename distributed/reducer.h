@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -36,6 +37,13 @@ struct ReducerOptions {
   bool check_finite = true;
 };
 
+// Time the calling thread spent in the reducer since the last take_times(): communication and
+// averaging that did not overlap with compute.
+struct ReducerTimes {
+  double in_backward_s = 0;  // compressing and reducing buckets from inside backward's hooks
+  double finish_s = 0;       // finish(): waiting, the rest of the buckets, decompression, checks
+};
+
 struct Bucket {
   std::vector<std::size_t> parameters;  // indices into the parameter list, in backward order
   int64_t offset = 0;                   // first element in the flat buffer
@@ -57,6 +65,7 @@ class GradientReducer {
   void finish();
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
+  ReducerTimes take_times() { return std::exchange(times_, {}); }
 
  private:
   void on_gradient_ready(std::size_t parameter);
@@ -79,6 +88,7 @@ class GradientReducer {
   std::size_t next_launch_ = 0;
   bool armed_ = false;
   int64_t step_ = 0;
+  ReducerTimes times_;
 };
 
 }  // namespace dptrain::distributed

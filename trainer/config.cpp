@@ -138,6 +138,7 @@ Config parse_config(const Json& json) {
     d.check_finite = r.get<bool>("check_finite", d.check_finite);
     d.stall_warning_s = r.get_in_range("stall_warning_s", d.stall_warning_s, 0.0, 1e9);
     d.stall_abort_s = r.get_in_range("stall_abort_s", d.stall_abort_s, 0.0, 1e9);
+    d.timeline = r.get<std::string>("timeline", d.timeline);
     r.finish();
   }
   c.checkpoint.dir = c.output_dir + "/checkpoints";
@@ -201,7 +202,8 @@ Json to_json(const Config& c) {
         {"backward_passes_per_step", c.distributed.backward_passes_per_step},
         {"check_finite", c.distributed.check_finite},
         {"stall_warning_s", c.distributed.stall_warning_s},
-        {"stall_abort_s", c.distributed.stall_abort_s}}},
+        {"stall_abort_s", c.distributed.stall_abort_s},
+        {"timeline", c.distributed.timeline}}},
       {"checkpoint",
        {{"dir", c.checkpoint.dir},
         {"every_epochs", c.checkpoint.every_epochs},

@@ -65,6 +65,7 @@ struct DistributedConfig {
   bool check_finite = true;
   double stall_warning_s = 60;
   double stall_abort_s = 0;  // 0: never
+  std::string timeline;      // Chrome-trace JSON written here (by rank 0, all ranks' tracks); "" = off
 };
 
 struct TrainingConfig {

@@ -23,6 +23,8 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/safetensors.h"
+#include "core/storage.h"
+#include "core/timeline.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
 #include "data/synthetic.h"
@@ -129,6 +131,20 @@ InjectedFault injected_fault() {
   return f;
 }
 
+// Adds the duration of a scope to a counter and, when the timeline is on, records it as a span.
+class Phase {
+ public:
+  Phase(double& seconds, const char* name) : seconds_(seconds), span_(name, "step") {}
+  ~Phase() { seconds_ += seconds_since(start_); }
+  Phase(const Phase&) = delete;
+  Phase& operator=(const Phase&) = delete;
+
+ private:
+  double& seconds_;
+  timeline::Span span_;
+  Clock::time_point start_ = Clock::now();
+};
+
 std::string megabytes(std::size_t bytes) {
   char text[32];
   std::snprintf(text, sizeof text, "%.2f MB", static_cast<double>(bytes) / 1e6);
@@ -178,11 +194,7 @@ class Trainer {
   // ranks take rank 0's parameters, optimizer state and position, whatever they initialised.
   void start(const RunOptions& options) {
     if (world_.is_root()) {
-      if (!options.resume.empty()) {
-        resume(options.resume);
-      } else {
-        clear_earlier_checkpoints();
-      }
+      if (!options.resume.empty()) resume(options.resume);
       if (!config_.model.init_from.empty() && !resumed_) init_from(config_.model.init_from);
     }
     position_.optimizer_steps = optimizer_->steps_taken();
@@ -193,9 +205,14 @@ class Trainer {
     resumed_ = scalars[5] != 0;
     optimizer_->set_steps_taken(position_.optimizer_steps);
     checksum_ = distributed::verify_identical(comm_, optimizer_->parameters());
+    if (!config_.distributed.timeline.empty()) {
+      comm_.barrier("barrier before the timeline starts");  // lines the ranks' tracks up
+      timeline::enable();
+    }
   }
 
   std::vector<EpochMetrics> run() {
+    if (world_.is_root() && !resumed_) clear_earlier_checkpoints();
     announce();
     std::vector<EpochMetrics> history;
     std::ofstream metrics = open_metrics();
@@ -217,6 +234,7 @@ class Trainer {
     }
     if (last_checkpoint_step_ != position_.global_step) save_checkpoint();  // always one at the end
     if (world_.is_root()) save_final_weights();
+    write_timeline();
     return history;
   }
 
@@ -247,53 +265,29 @@ class Trainer {
     return config_.training.max_steps > 0 && position_.global_step >= config_.training.max_steps;
   }
 
+  // Running sums over the steps of an epoch (or of a benchmark), this rank only.
+  struct StepTotals {
+    double loss_sum = 0;
+    int64_t correct = 0, samples = 0, steps = 0;
+    double data = 0, compute = 0, communication = 0, optimizer = 0;  // seconds
+  };
+
   EpochMetrics train_epoch(int64_t epoch) {
     const int64_t first_sample = epoch == position_.epochs_completed + 1 ? position_.epoch_samples_done : 0;
     sampler_.set_epoch(epoch - 1, first_sample);
     model_->set_training(true);
     const int64_t batches = sampler_.steps_per_epoch();
     const int64_t steps = (batches + passes_per_step_ - 1) / passes_per_step_;
-    const double epoch_samples = static_cast<double>(sampler_.dataset_size());
     progress_.begin_epoch(epoch, config_.training.epochs, steps);
-    double loss_sum = 0;
-    int64_t correct = 0, samples = 0;
+    StepTotals totals;
     const auto start = Clock::now();
     int64_t step = 0;
     for (; step < steps && !step_limit_reached(); ++step) {
-      const int64_t first_batch = step * passes_per_step_;
-      const int64_t passes = std::min(passes_per_step_, batches - first_batch);
-      // The schedule runs on samples, not steps, so a resume on another world size keeps its place.
-      lr_ = schedule_->at(static_cast<double>(epoch - 1) + sampler_.samples_before(first_batch) / epoch_samples);
       inject_fault_before_step();
-
-      // --- one optimizer step ---
-      optimizer_->zero_grad();
-      for (int64_t pass = 0; pass < passes; ++pass) {
-        fill_batch(train_set_, sampler_.batch_indices(first_batch + pass), batch_);
-        model_->reseed(dropout_stream(pass));
-        Tensor output = model_->forward(batch_.inputs);
-        Tensor loss = config_.model.loss == "mse" ? ops::mse(output, batch_.targets)
-                                                  : ops::cross_entropy(output, batch_.labels);
-        if (pass == passes - 1) reducer_->prepare(position_.global_step);  // buckets launch during this backward
-        // The step averages its passes and the ranks: seeding backward with 1 / (passes x ranks)
-        // makes the allreduce's sum the average, with no extra pass over the gradients.
-        loss.backward(1.0f / static_cast<float>(passes * world_.size()));
-        const int64_t n = batch_.inputs.dim(0);
-        loss_sum += static_cast<double>(loss.item()) * n;
-        if (config_.model.loss == "cross_entropy") correct += count_correct(output, batch_.labels);
-        samples += n;
-      }
-      reducer_->finish();  // gradients are now the average over all ranks
-      optimizer_->step(static_cast<float>(lr_));
-
-      const int64_t done = sampler_.samples_before(first_batch + passes);
-      position_.samples_seen += done - sampler_.samples_before(first_batch);
-      position_.epoch_samples_done = done;
-      position_.optimizer_steps = optimizer_->steps_taken();
-      ++position_.global_step;
-      progress_.update(step, loss_sum / samples,
-                       config_.model.loss == "mse" ? -1.0 : static_cast<double>(correct) / samples,
-                       samples * world_.size() / seconds_since(start));
+      train_step(epoch, step, totals);
+      progress_.update(step, totals.loss_sum / totals.samples,
+                       config_.model.loss == "mse" ? -1.0 : static_cast<double>(totals.correct) / totals.samples,
+                       totals.samples * world_.size() / seconds_since(start));
       // A checkpoint due at an epoch's last step waits for the evaluation (run() writes it).
       const int64_t every = config_.checkpoint.every_steps;
       if (every > 0 && position_.global_step % every == 0 && step + 1 < steps && !step_limit_reached())
@@ -311,17 +305,113 @@ class Trainer {
     m.lr = lr_;
     m.epoch_seconds = seconds_since(start);
     m.first_sample = first_sample;
+    m.step_times = mean_step_times(totals, m.epoch_seconds);
     // Weighted by sample counts: ranks may hold different batch sizes in an epoch's last step.
-    double totals[3] = {loss_sum, static_cast<double>(correct), static_cast<double>(samples)};
-    comm_.allreduce(std::span<double>(totals), distributed::ReduceOp::kSum, "allreduce of epoch metrics");
-    m.train_loss = totals[0] / std::max(totals[2], 1.0);
-    m.train_accuracy = totals[1] / std::max(totals[2], 1.0);
-    m.samples_per_sec = totals[2] / m.epoch_seconds;
+    double sums[3] = {totals.loss_sum, static_cast<double>(totals.correct), static_cast<double>(totals.samples)};
+    comm_.allreduce(std::span<double>(sums), distributed::ReduceOp::kSum, "allreduce of epoch metrics");
+    m.train_loss = sums[0] / std::max(sums[2], 1.0);
+    m.train_accuracy = sums[1] / std::max(sums[2], 1.0);
+    m.samples_per_sec = sums[2] / m.epoch_seconds;
     m.samples_per_sec_per_rank = m.samples_per_sec / world_.size();
     m.stopped_early = step < steps;
     return m;
   }
 
+  // --- one optimizer step: step `step` of the current epoch (backward_passes_per_step batches) ---
+  void train_step(int64_t epoch, int64_t step, StepTotals& totals) {
+    const int64_t batches = sampler_.steps_per_epoch();
+    const int64_t first_batch = step * passes_per_step_;
+    const int64_t passes = std::min(passes_per_step_, batches - first_batch);
+    // The schedule runs on samples, not steps, so a resume on another world size keeps its place.
+    lr_ = schedule_->at(static_cast<double>(epoch - 1) +
+                        static_cast<double>(sampler_.samples_before(first_batch)) / sampler_.dataset_size());
+
+    optimizer_->zero_grad();
+    for (int64_t pass = 0; pass < passes; ++pass) {
+      {
+        Phase phase(totals.data, "data");
+        fill_batch(train_set_, sampler_.batch_indices(first_batch + pass), batch_);
+      }
+      model_->reseed(dropout_stream(pass));
+      Tensor output, loss;
+      {
+        Phase phase(totals.compute, "forward");
+        output = model_->forward(batch_.inputs);
+        loss = config_.model.loss == "mse" ? ops::mse(output, batch_.targets)
+                                           : ops::cross_entropy(output, batch_.labels);
+      }
+      if (pass == passes - 1) reducer_->prepare(position_.global_step);  // buckets launch during this backward
+      {
+        // The step averages its passes and the ranks: seeding backward with 1 / (passes x ranks)
+        // makes the allreduce's sum the average, with no extra pass over the gradients.
+        Phase phase(totals.compute, "backward");
+        loss.backward(1.0f / static_cast<float>(passes * world_.size()));
+      }
+      const int64_t n = batch_.inputs.dim(0);
+      totals.loss_sum += static_cast<double>(loss.item()) * n;
+      if (config_.model.loss == "cross_entropy") totals.correct += count_correct(output, batch_.labels);
+      totals.samples += n;
+    }
+    {
+      Phase phase(totals.communication, "finish gradient averaging");
+      reducer_->finish();  // gradients are now the average over all ranks
+    }
+    // Buckets reduced from inside backward (compression, the last bucket) count as communication.
+    const double in_backward = reducer_->take_times().in_backward_s;
+    totals.compute -= in_backward;
+    totals.communication += in_backward;
+    {
+      Phase phase(totals.optimizer, "optimizer");
+      optimizer_->step(static_cast<float>(lr_));
+    }
+
+    const int64_t done = sampler_.samples_before(first_batch + passes);
+    position_.samples_seen += done - sampler_.samples_before(first_batch);
+    position_.epoch_samples_done = done;
+    position_.optimizer_steps = optimizer_->steps_taken();
+    ++position_.global_step;
+    ++totals.steps;
+  }
+
+  // Per-step means over all ranks' steps; `wall_seconds` is this rank's time for its totals.steps.
+  StepTimes mean_step_times(const StepTotals& t, double wall_seconds) {
+    double sums[6] = {t.data, t.compute, t.communication, t.optimizer, wall_seconds, static_cast<double>(t.steps)};
+    comm_.allreduce(std::span<double>(sums), distributed::ReduceOp::kSum, "allreduce of step times");
+    const double per_step = 1.0 / std::max(sums[5], 1.0);
+    return {sums[0] * per_step, sums[1] * per_step, sums[2] * per_step, sums[3] * per_step, sums[4] * per_step};
+  }
+
+ public:
+  BenchmarkResult benchmark(const BenchmarkOptions& options) {
+    model_->set_training(true);
+    int64_t epoch = 0, step = 0, steps = 0;
+    const auto next_step = [&](StepTotals& totals) {
+      if (step == steps) {
+        sampler_.set_epoch(epoch++);
+        steps = (sampler_.steps_per_epoch() + passes_per_step_ - 1) / passes_per_step_;
+        step = 0;
+      }
+      train_step(epoch, step++, totals);
+    };
+    StepTotals warmup, timed;
+    for (int64_t i = 0; i < options.warmup_steps; ++i) next_step(warmup);
+    comm_.barrier("barrier before the timed steps");
+    const std::size_t allocations_before = storage_stats().fresh_allocations;
+    const auto start = Clock::now();
+    for (int64_t i = 0; i < options.timed_steps; ++i) next_step(timed);
+    comm_.barrier("barrier after the timed steps");  // the slowest rank sets the time
+    const double seconds = seconds_since(start);
+    BenchmarkResult result;
+    result.tensor_allocations = static_cast<int64_t>(storage_stats().fresh_allocations - allocations_before);
+    result.step_times = mean_step_times(timed, seconds);
+    double samples = static_cast<double>(timed.samples);
+    comm_.allreduce(std::span<double>(&samples, 1), distributed::ReduceOp::kSum, "allreduce of benchmark samples");
+    result.samples_per_sec = samples / seconds;
+    write_timeline();
+    return result;
+  }
+
+ private:
   // Dropout masks follow from (seed, rank, step, pass): a resumed run draws the same ones.
   uint64_t dropout_stream(int64_t pass) const {
     return derive_seed(config_.seed, "dropout/rank" + std::to_string(world_.rank()) + "/step" +
@@ -330,6 +420,7 @@ class Trainer {
 
   // Each rank evaluates a contiguous slice of the test set; the sums are combined across ranks.
   Evaluation evaluate() {
+    timeline::Span span("evaluate", "evaluate");
     NoGradGuard no_grad;
     model_->set_training(false);
     const int64_t n = test_set_.size, r = world_.rank(), size = world_.size();
@@ -425,6 +516,7 @@ class Trainer {
   void save_checkpoint() {
     last_checkpoint_step_ = position_.global_step;
     if (!world_.is_root()) return;
+    timeline::Span span("checkpoint", "checkpoint");
     const auto start = Clock::now();
     const Json sampler = {{"seed", config_.seed},
                           {"shuffle", config_.data.shuffle},
@@ -504,6 +596,16 @@ class Trainer {
   }
 
   void report(const EpochMetrics& m) {
+    report_epoch_line(m);
+    const StepTimes& t = m.step_times;
+    std::printf("  per step %.2f ms: data %.2f | compute %.2f | communication not overlapped %.2f | optimizer %.2f | "
+                "other %.2f (mean of %d rank(s))\n",
+                1e3 * t.total, 1e3 * t.data, 1e3 * t.compute, 1e3 * t.communication, 1e3 * t.optimizer,
+                1e3 * (t.total - t.data - t.compute - t.communication - t.optimizer), world_.size());
+    std::fflush(stdout);
+  }
+
+  void report_epoch_line(const EpochMetrics& m) {
     const std::string resumed =
         m.first_sample > 0 ? " (resumed at sample " + std::to_string(m.first_sample) + ")" : std::string();
     if (config_.model.loss == "mse") {
@@ -543,8 +645,33 @@ class Trainer {
                  {"world_size", world_.size()}};
     if (m.stopped_early) line["stopped_early"] = "max_steps";
     if (m.first_sample > 0) line["resumed_at_sample"] = m.first_sample;
+    const StepTimes& t = m.step_times;
+    line["step_ms"] = {{"data", 1e3 * t.data},
+                       {"compute", 1e3 * t.compute},
+                       {"communication", 1e3 * t.communication},
+                       {"optimizer", 1e3 * t.optimizer},
+                       {"total", 1e3 * t.total}};
     out << line.dump() << '\n';
     out.flush();
+  }
+
+  // Rank 0 gathers every rank's events and writes one Chrome-trace file, a process track per rank.
+  void write_timeline() {
+    if (config_.distributed.timeline.empty()) return;
+    const std::vector<std::string> tracks =
+        comm_.gather_to_root(timeline::take_events_json(world_.rank()), "gather of timeline events");
+    if (!world_.is_root()) return;
+    const std::filesystem::path path(config_.distributed.timeline);
+    if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+    std::ofstream out(path, std::ios::trunc);
+    DPTRAIN_CHECK(out, path.string(), ": cannot open for writing (config key distributed.timeline)");
+    out << R"({"displayTimeUnit":"ms","traceEvents":[)";
+    for (std::size_t r = 0; r < tracks.size(); ++r) out << (r ? "," : "") << tracks[r];
+    out << "]}\n";
+    DPTRAIN_CHECK(out.good(), path.string(), ": write failed (disk full?)");
+    std::printf("timeline: %s (%.1f MB; open it in https://ui.perfetto.dev or chrome://tracing)\n", path.c_str(),
+                static_cast<double>(out.tellp()) / 1e6);
+    std::fflush(stdout);
   }
 
   void save_final_weights() {
@@ -587,6 +714,13 @@ std::vector<EpochMetrics> train(const Config& config, const distributed::World& 
   Trainer trainer(config, world);
   trainer.start(options);
   return trainer.run();
+}
+
+BenchmarkResult benchmark(const Config& config, const distributed::World& world, const BenchmarkOptions& options) {
+  use_threads(config, world);
+  Trainer trainer(config, world);
+  trainer.start({});
+  return trainer.benchmark(options);
 }
 
 Evaluation evaluate_checkpoint(const Config& config, const distributed::World& world, const std::string& checkpoint) {

@@ -11,6 +11,15 @@
 
 namespace dptrain::trainer {
 
+// Where a step's time goes, in seconds per optimizer step, averaged over the ranks.
+struct StepTimes {
+  double data = 0;           // gathering the batch
+  double compute = 0;        // forward and backward, without the communication done inside backward
+  double communication = 0;  // communication and averaging that did not overlap with compute
+  double optimizer = 0;
+  double total = 0;          // wall time per step, including waits for slower ranks
+};
+
 struct EpochMetrics {
   int64_t epoch = 0;  // 1-based
   int64_t step = 0;   // optimizer steps taken so far
@@ -20,6 +29,7 @@ struct EpochMetrics {
   double lr = 0;  // at the end of the epoch
   bool stopped_early = false;  // training.max_steps ended this epoch
   int64_t first_sample = 0;    // > 0: a resumed epoch, begun at this sample of its permutation
+  StepTimes step_times;
 };
 
 struct RunOptions {
@@ -30,6 +40,21 @@ struct RunOptions {
 
 // Runs the configured training on this process's world; returns one entry per (partial) epoch.
 std::vector<EpochMetrics> train(const Config& config, const distributed::World& world, const RunOptions& options = {});
+
+struct BenchmarkOptions {
+  int64_t warmup_steps = 20;
+  int64_t timed_steps = 100;
+};
+
+struct BenchmarkResult {
+  double samples_per_sec = 0;  // all ranks together
+  StepTimes step_times;
+  int64_t tensor_allocations = 0;  // fresh tensor buffers during the timed steps (rank 0)
+};
+
+// Runs the configured training's real steps (no evaluation, no checkpoints): `warmup_steps` untimed,
+// then `timed_steps` timed, continuing across epochs as needed. Writes the timeline if configured.
+BenchmarkResult benchmark(const Config& config, const distributed::World& world, const BenchmarkOptions& options);
 
 struct Evaluation {
   double loss = 0, accuracy = 0;  // accuracy: classification only
