@@ -6,12 +6,14 @@
 //
 // Each cell repeats until --seconds have passed (at least 5 times) and reports the median time of
 // batches; the time is the max over ranks. Ratio = raw time / our time (>= 1 means we are faster);
-// "no-chk" is the same reduction with distributed.check_finite off.
+// "no-chk" is the same reduction with distributed.check_finite off. Rank 0 ends with one
+// "RESULT {json}" line per row.
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "core/ops.h"
@@ -68,6 +70,11 @@ int main(int argc, char** argv) {
   World world(&argc, &argv);
   Communicator comm(MPI_COMM_WORLD);
 
+  struct Result {
+    std::string what;
+    double bytes, raw_s, ours_s, unchecked_s, fp16_s, bf16_s;
+  };
+  std::vector<Result> results;
   std::vector<Row> rows;
   // The MNIST CNN's parameters, in registration order (8 tensors, 121,930 floats).
   rows.push_back({"mnist_cnn", {32 * 9, 32, 64 * 32 * 9, 64, 64 * 1600, 64, 10 * 64, 10}});
@@ -108,8 +115,14 @@ int main(int argc, char** argv) {
       std::printf("%-10s %12.0f %10.1f %10.2f %10.1f %9.3f %13.3f %10.1f %9.2f %8.2f\n", row.name.c_str(), bytes,
                   raw_s * 1e6, bytes / raw_s / 1e9, ours_s * 1e6, raw_s / ours_s, raw_s / unchecked_s, fp16_s * 1e6,
                   fp16_s / ours_s, bf16_s / ours_s);
+      results.push_back({row.name, bytes, raw_s, ours_s, unchecked_s, fp16_s, bf16_s});
       std::fflush(stdout);
     }
   }
+  // One line per row for scripts (scripts/scaling_model.py fits latency and bandwidth to these).
+  for (const Result& r : results)
+    std::printf("RESULT {\"bench\": \"allreduce\", \"ranks\": %d, \"what\": \"%s\", \"bytes\": %.0f, \"raw_s\": %.4g, "
+                "\"ours_s\": %.4g, \"ours_unchecked_s\": %.4g, \"fp16_s\": %.4g, \"bf16_s\": %.4g}\n",
+                world.size(), r.what.c_str(), r.bytes, r.raw_s, r.ours_s, r.unchecked_s, r.fp16_s, r.bf16_s);
   return 0;
 }

@@ -270,6 +270,7 @@ class Trainer {
     double loss_sum = 0;
     int64_t correct = 0, samples = 0, steps = 0;
     double data = 0, compute = 0, communication = 0, optimizer = 0;  // seconds
+    double backward = 0;  // the part of compute spent in backward
   };
 
   EpochMetrics train_epoch(int64_t epoch) {
@@ -344,8 +345,12 @@ class Trainer {
       {
         // The step averages its passes and the ranks: seeding backward with 1 / (passes x ranks)
         // makes the allreduce's sum the average, with no extra pass over the gradients.
-        Phase phase(totals.compute, "backward");
-        loss.backward(1.0f / static_cast<float>(passes * world_.size()));
+        const double before = totals.compute;
+        {
+          Phase phase(totals.compute, "backward");
+          loss.backward(1.0f / static_cast<float>(passes * world_.size()));
+        }
+        totals.backward += totals.compute - before;
       }
       const int64_t n = batch_.inputs.dim(0);
       totals.loss_sum += static_cast<double>(loss.item()) * n;
@@ -359,6 +364,7 @@ class Trainer {
     // Buckets reduced from inside backward (compression, the last bucket) count as communication.
     const double in_backward = reducer_->take_times().in_backward_s;
     totals.compute -= in_backward;
+    totals.backward -= in_backward;
     totals.communication += in_backward;
     {
       Phase phase(totals.optimizer, "optimizer");
@@ -395,18 +401,31 @@ class Trainer {
     };
     StepTotals warmup, timed;
     for (int64_t i = 0; i < options.warmup_steps; ++i) next_step(warmup);
-    comm_.barrier("barrier before the timed steps");
-    const std::size_t allocations_before = storage_stats().fresh_allocations;
-    const auto start = Clock::now();
-    for (int64_t i = 0; i < options.timed_steps; ++i) next_step(timed);
-    comm_.barrier("barrier after the timed steps");  // the slowest rank sets the time
-    const double seconds = seconds_since(start);
     BenchmarkResult result;
+    const std::size_t allocations_before = storage_stats().fresh_allocations;
+    double timed_seconds = 0;
+    for (int64_t r = 0; r < options.repetitions; ++r) {
+      comm_.barrier("barrier before the timed steps");
+      const auto start = Clock::now();
+      const int64_t samples_before = timed.samples;
+      for (int64_t i = 0; i < options.timed_steps; ++i) next_step(timed);
+      comm_.barrier("barrier after the timed steps");  // the slowest rank sets the time
+      const double seconds = seconds_since(start);
+      timed_seconds += seconds;
+      double samples = static_cast<double>(timed.samples - samples_before);
+      comm_.allreduce(std::span<double>(&samples, 1), distributed::ReduceOp::kSum, "allreduce of benchmark samples");
+      result.samples_per_sec_by_repetition.push_back(samples / seconds);
+    }
     result.tensor_allocations = static_cast<int64_t>(storage_stats().fresh_allocations - allocations_before);
-    result.step_times = mean_step_times(timed, seconds);
-    double samples = static_cast<double>(timed.samples);
-    comm_.allreduce(std::span<double>(&samples, 1), distributed::ReduceOp::kSum, "allreduce of benchmark samples");
-    result.samples_per_sec = samples / seconds;
+    for (const distributed::Bucket& b : reducer_->buckets())
+      result.bucket_bytes.push_back(b.numel * static_cast<int64_t>(sizeof(float)));
+    double backward[2] = {timed.backward, timed.compute};
+    comm_.allreduce(std::span<double>(backward), distributed::ReduceOp::kSum, "allreduce of backward time");
+    result.backward_fraction = backward[0] / std::max(backward[1], 1e-12);
+    result.step_times = mean_step_times(timed, timed_seconds);
+    std::vector<double> sorted = result.samples_per_sec_by_repetition;
+    std::sort(sorted.begin(), sorted.end());
+    result.samples_per_sec = sorted.empty() ? 0.0 : sorted[sorted.size() / 2];
     write_timeline();
     return result;
   }

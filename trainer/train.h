@@ -43,17 +43,21 @@ std::vector<EpochMetrics> train(const Config& config, const distributed::World& 
 
 struct BenchmarkOptions {
   int64_t warmup_steps = 20;
-  int64_t timed_steps = 100;
+  int64_t timed_steps = 100;  // per repetition
+  int64_t repetitions = 1;
 };
 
 struct BenchmarkResult {
-  double samples_per_sec = 0;  // all ranks together
-  StepTimes step_times;
+  double samples_per_sec = 0;  // all ranks together, median of the repetitions
+  std::vector<double> samples_per_sec_by_repetition;
+  StepTimes step_times;  // over all repetitions
   int64_t tensor_allocations = 0;  // fresh tensor buffers during the timed steps (rank 0)
+  std::vector<int64_t> bucket_bytes;  // the gradient buckets, in launch order
+  double backward_fraction = 0;       // share of compute spent in backward (what overlap can hide behind)
 };
 
 // Runs the configured training's real steps (no evaluation, no checkpoints): `warmup_steps` untimed,
-// then `timed_steps` timed, continuing across epochs as needed. Writes the timeline if configured.
+// then `repetitions` x `timed_steps` timed, across epochs as needed. Writes the timeline if configured.
 BenchmarkResult benchmark(const Config& config, const distributed::World& world, const BenchmarkOptions& options);
 
 struct Evaluation {

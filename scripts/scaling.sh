@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Scaling sweep: the trainer's training step (build/bench/train_bench) at np = 1, 2, 4, ... up to
+# --max-ranks, for each compression and fusion threshold given; then the CSV, the PNG plots and the
+# alpha-beta model's prediction against the measurements (scripts/scaling_model.py).
+#
+#   scripts/scaling.sh [--config configs/mnist.json] [--max-ranks 4] [--compression "none fp16"]
+#                      [--fusion "0 4"] [--warmup 10] [--steps 30] [--reps 3] [--threads 1]
+#                      [--out runs/scaling] [--build build] [--mpirun-args "..."] [--label NAME]
+#                      [--link-gbit 25] [--link-latency-us 5]
+#
+# Writes OUT/scaling.csv, OUT/throughput.png, OUT/efficiency.png (gnuplot), OUT/allreduce.txt (the
+# latency/bandwidth measurement at 2 ranks) and OUT/model.txt. Efficiency at N ranks is
+# (samples/s at N) / (N x samples/s at 1 rank), per-rank batch fixed (weak scaling). Beyond this
+# machine's cores the ranks share cores; the sweep says so and the CSV marks those rows.
+set -euo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+config=configs/mnist.json max_ranks=4 compressions="none fp16" fusions="0 4" warmup=10 steps=30 reps=3
+threads=1 out=runs/scaling build=build mpirun_args="" label="" link_gbit=25 link_latency_us=5
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --config) config=$2 ;;
+    --max-ranks) max_ranks=$2 ;;
+    --compression) compressions=$2 ;;
+    --fusion) fusions=$2 ;;
+    --warmup) warmup=$2 ;;
+    --steps) steps=$2 ;;
+    --reps) reps=$2 ;;
+    --threads) threads=$2 ;;
+    --out) out=$2 ;;
+    --build) build=$2 ;;
+    --mpirun-args) mpirun_args=$2 ;;
+    --label) label=$2 ;;
+    --link-gbit) link_gbit=$2 ;;
+    --link-latency-us) link_latency_us=$2 ;;
+    -h | --help) sed -n '2,15p' "$0"; exit 0 ;;
+    *) echo "scaling.sh: unknown option '$1' (--help lists them)" >&2; exit 2 ;;
+  esac
+  shift 2
+done
+cd "$repo_root"
+bench=$build/bench/train_bench
+for program in "$bench" "$build/bench/allreduce_bench"; do
+  [ -x "$program" ] || { echo "scaling.sh: $program is not built (scripts/build.sh)" >&2; exit 1; }
+done
+command -v gnuplot >/dev/null || { echo "scaling.sh: gnuplot is missing (apt-get install gnuplot-nox, or scripts/setup.sh --with-plots)" >&2; exit 1; }
+[ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mkdir -p "$out"
+cores=$(nproc)
+results=$out/results.jsonl
+: >"$results"
+
+# run NP [--set ...]: one train_bench measurement, its RESULT line appended to $results.
+run() {
+  local np=$1
+  shift
+  local launcher=()
+  if [ "$np" -gt 1 ] || [ -n "$mpirun_args" ]; then
+    launcher=(mpirun -np "$np" $mpirun_args)
+    [ "$np" -gt "$cores" ] && launcher+=(--oversubscribe)
+  fi
+  local line
+  line=$("${launcher[@]}" "$bench" --config "$config" --threads "$threads" --warmup "$warmup" --steps "$steps" \
+         --reps "$reps" "$@" | sed -n 's/^RESULT //p')
+  [ -n "$line" ] || { echo "scaling.sh: train_bench printed no result (np $np $*)" >&2; exit 1; }
+  echo "$line" >>"$results"
+  printf '  np %-3s %-40s %10.0f samples/s\n' "$np" "$*" "$(echo "$line" | sed 's/.*"samples_per_sec":\([0-9.]*\).*/\1/')"
+}
+
+echo "scaling sweep of $config: ranks 1..$max_ranks, compression {$compressions}, fusion {$fusions} MiB, $threads thread(s) per rank, $cores core(s) here"
+run 1
+np=2
+while [ "$np" -le "$max_ranks" ]; do
+  [ "$np" -gt "$cores" ] && echo "  (np $np > $cores cores: oversubscribed, ranks share cores; efficiency then includes that)"
+  for c in $compressions; do
+    for f in $fusions; do
+      run "$np" --set distributed.compression=$c --set distributed.fusion_threshold_mb=$f
+    done
+  done
+  np=$((np * 2))
+done
+
+echo "allreduce latency and bandwidth at 2 ranks (bench/allreduce_bench):"
+mpirun -np 2 $mpirun_args "$build/bench/allreduce_bench" --max-mib 4 --seconds 0.1 >"$out/allreduce.txt"
+sed -n '/^RESULT/!p' "$out/allreduce.txt" | sed 's/^/  /'
+
+python3 "$repo_root/scripts/scaling_model.py" --results "$results" --allreduce "$out/allreduce.txt" --cores "$cores" \
+  --csv "$out/scaling.csv" --link-gbit "$link_gbit" --link-latency-us "$link_latency_us" ${label:+--label "$label"} \
+  | tee "$out/model.txt"
+
+# One line per variant (compression / fusion), against ranks.
+plot() {  # plot COLUMN YLABEL FILE
+  local variants
+  variants=$(awk -F, 'NR > 1 && $1 > 1 { print $2 "/" $3 }' "$out/scaling.csv" | sort -u)
+  local cmd="set terminal pngcairo size 900,560 font ',11'; set output '$out/$3'; set datafile separator ',';"
+  cmd+=" set key top left; set grid; set logscale x 2; set xlabel 'ranks'; set ylabel '$2';"
+  cmd+=" set title 'dptrain $(basename "$config") ${label:+($label) }on $cores core(s)';"
+  [ "$1" = 5 ] && cmd+=" set yrange [0:1.1];"
+  cmd+=" plot"
+  local sep=""
+  for v in $variants; do
+    local c=${v%/*} f=${v#*/}
+    cmd+="$sep '$out/scaling.csv' using 1:(\$1 == 1 || (strcol(2) eq '$c' && \$3 == $f) ? \$$1 : 1/0) with linespoints lw 2 title 'compression $c, fusion $f MiB'"
+    sep=","
+  done
+  gnuplot -e "$cmd"
+}
+plot 4 'samples/s (all ranks)' throughput.png
+plot 5 'scaling efficiency' efficiency.png
+echo "wrote $out/scaling.csv, $out/throughput.png, $out/efficiency.png, $out/model.txt"
