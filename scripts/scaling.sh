@@ -87,23 +87,26 @@ python3 "$repo_root/scripts/scaling_model.py" --results "$results" --allreduce "
   --csv "$out/scaling.csv" --link-gbit "$link_gbit" --link-latency-us "$link_latency_us" ${label:+--label "$label"} \
   | tee "$out/model.txt"
 
-# One line per variant (compression / fusion), against ranks.
+# One line per variant (compression / fusion) against ranks, each starting from the 1-rank run:
+# a data file per variant, since gnuplot breaks a line wherever rows of other variants come between.
+variants=$(awk -F, 'NR > 1 && $1 > 1 { print $2 "_" $3 }' "$out/scaling.csv" | sort -u)
+for v in $variants; do
+  awk -F, -v c="${v%_*}" -v f="${v#*_}" 'NR > 1 && ($1 == 1 || ($2 == c && $3 == f))' "$out/scaling.csv" >"$out/.plot_$v.csv"
+done
 plot() {  # plot COLUMN YLABEL FILE
-  local variants
-  variants=$(awk -F, 'NR > 1 && $1 > 1 { print $2 "/" $3 }' "$out/scaling.csv" | sort -u)
   local cmd="set terminal pngcairo size 900,560 font ',11'; set output '$out/$3'; set datafile separator ',';"
-  cmd+=" set key top left; set grid; set logscale x 2; set xlabel 'ranks'; set ylabel '$2';"
-  cmd+=" set title 'dptrain $(basename "$config") ${label:+($label) }on $cores core(s)';"
+  cmd+=" set key top right; set grid; set logscale x 2; set xrange [0.9:$((max_ranks * 11 / 10 + 1))];"
+  cmd+=" set xlabel 'ranks'; set ylabel '$2'; set title 'dptrain $(basename "$config") ${label:+($label) }on $cores core(s)';"
   [ "$1" = 5 ] && cmd+=" set yrange [0:1.1];"
   cmd+=" plot"
   local sep=""
   for v in $variants; do
-    local c=${v%/*} f=${v#*/}
-    cmd+="$sep '$out/scaling.csv' using 1:(\$1 == 1 || (strcol(2) eq '$c' && \$3 == $f) ? \$$1 : 1/0) with linespoints lw 2 title 'compression $c, fusion $f MiB'"
+    cmd+="$sep '$out/.plot_$v.csv' using 1:$1 with linespoints lw 2 title 'compression ${v%_*}, fusion ${v#*_} MiB'"
     sep=","
   done
   gnuplot -e "$cmd"
 }
 plot 4 'samples/s (all ranks)' throughput.png
 plot 5 'scaling efficiency' efficiency.png
+rm -f "$out"/.plot_*.csv
 echo "wrote $out/scaling.csv, $out/throughput.png, $out/efficiency.png, $out/model.txt"
