@@ -1,6 +1,7 @@
 // Allreduce benchmark: our gradient reduction (GradientReducer: fused buckets, finiteness check,
-// optional fp16/bf16 compression; averaging is folded into backward as in the trainer) against a raw in-place MPI_Allreduce of the same bytes, in the
-// same run. Sizes: the MNIST CNN's gradients and synthetic 4 KiB .. 64 MiB.
+// optional fp16/bf16 compression; averaging is folded into backward as in the trainer) against a raw in-place
+// MPI_Allreduce of the same bytes, in the same run. Sizes: the MNIST CNN's gradients and synthetic 4 KiB ..
+// 64 MiB.
 //
 //   mpirun -np 2 build/bench/allreduce_bench [--min-kib 4] [--max-mib 64] [--seconds 0.3]
 //
@@ -84,8 +85,8 @@ int main(int argc, char** argv) {
   if (world.is_root()) {
     std::printf("np %d, fusion threshold %g MiB; times are per reduction (max over ranks), median of 9\n",
                 world.size(), fusion_mb);
-    std::printf("%-10s %12s %10s %10s %10s %9s %13s %10s %9s %8s\n", "what", "bytes", "raw us", "raw GB/s", "ours us",
-                "ratio", "ratio no-chk", "fp16 us", "fp16/32", "bf16/32");
+    std::printf("%-10s %12s %10s %10s %10s %9s %13s %10s %9s %8s\n", "what", "bytes", "raw us", "raw GB/s",
+                "ours us", "ratio", "ratio no-chk", "fp16 us", "fp16/32", "bf16/32");
   }
   for (const Row& row : rows) {
     std::vector<NamedTensor> params;
@@ -97,14 +98,22 @@ int main(int argc, char** argv) {
     }
     std::vector<float> raw(total, 0.001f);
     const double raw_s = time_call(
-        [&] { DPTRAIN_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, raw.data(), total, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)); },
+        [&] {
+          DPTRAIN_MPI_CHECK(
+              MPI_Allreduce(MPI_IN_PLACE, raw.data(), total, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+        },
         seconds);
     // As the trainer runs it: gradients pre-divided by N in backward (free), so finish() only sums
     // and checks that every average is finite.
     auto reduce_with = [&](Compression compression, bool check_finite = true) {
       GradientReducer reducer(comm, params,
                               {fusion_mb, 1, false, compression, /*gradients_prescaled=*/true, check_finite});
-      return time_call([&] { reducer.prepare(0); reducer.finish(); }, seconds);
+      return time_call(
+          [&] {
+            reducer.prepare(0);
+            reducer.finish();
+          },
+          seconds);
     };
     const double ours_s = reduce_with(Compression::kNone);
     const double unchecked_s = reduce_with(Compression::kNone, /*check_finite=*/false);
@@ -112,17 +121,19 @@ int main(int argc, char** argv) {
     const double bf16_s = reduce_with(Compression::kBf16);
     if (world.is_root()) {
       const double bytes = 4.0 * total;
-      std::printf("%-10s %12.0f %10.1f %10.2f %10.1f %9.3f %13.3f %10.1f %9.2f %8.2f\n", row.name.c_str(), bytes,
-                  raw_s * 1e6, bytes / raw_s / 1e9, ours_s * 1e6, raw_s / ours_s, raw_s / unchecked_s, fp16_s * 1e6,
-                  fp16_s / ours_s, bf16_s / ours_s);
+      std::printf("%-10s %12.0f %10.1f %10.2f %10.1f %9.3f %13.3f %10.1f %9.2f %8.2f\n", row.name.c_str(),
+                  bytes, raw_s * 1e6, bytes / raw_s / 1e9, ours_s * 1e6, raw_s / ours_s, raw_s / unchecked_s,
+                  fp16_s * 1e6, fp16_s / ours_s, bf16_s / ours_s);
       results.push_back({row.name, bytes, raw_s, ours_s, unchecked_s, fp16_s, bf16_s});
       std::fflush(stdout);
     }
   }
   // One line per row for scripts (scripts/scaling_model.py fits latency and bandwidth to these).
   for (const Result& r : results)
-    std::printf("RESULT {\"bench\": \"allreduce\", \"ranks\": %d, \"what\": \"%s\", \"bytes\": %.0f, \"raw_s\": %.4g, "
-                "\"ours_s\": %.4g, \"ours_unchecked_s\": %.4g, \"fp16_s\": %.4g, \"bf16_s\": %.4g}\n",
-                world.size(), r.what.c_str(), r.bytes, r.raw_s, r.ours_s, r.unchecked_s, r.fp16_s, r.bf16_s);
+    std::printf(
+        "RESULT {\"bench\": \"allreduce\", \"ranks\": %d, \"what\": \"%s\", \"bytes\": %.0f, \"raw_s\": "
+        "%.4g, "
+        "\"ours_s\": %.4g, \"ours_unchecked_s\": %.4g, \"fp16_s\": %.4g, \"bf16_s\": %.4g}\n",
+        world.size(), r.what.c_str(), r.bytes, r.raw_s, r.ours_s, r.unchecked_s, r.fp16_s, r.bf16_s);
   return 0;
 }

@@ -51,14 +51,17 @@ int main(int argc, char** argv) {
         std::printf("rep %zu: %.0f samples/s\n", i, r.samples_per_sec_by_repetition[i]);
       const trainer::StepTimes& t = r.step_times;
       const auto ms = [](double s) { return 1e3 * s; };
-      std::printf("%s, %d rank(s) x batch %lld, %d thread(s) per rank, compression %s, fusion %g MiB: median %.0f "
-                  "samples/s\n",
-                  config_path.c_str(), world.size(), static_cast<long long>(config.data.batch_size), threads,
-                  config.distributed.compression.c_str(), config.distributed.fusion_threshold_mb, r.samples_per_sec);
-      std::printf("per step %.2f ms (mean of %d rank(s)): data %.2f, compute %.2f, communication not overlapped %.2f, "
-                  "optimizer %.2f; tensor buffers allocated in timed steps: %lld\n",
-                  ms(t.total), world.size(), ms(t.data), ms(t.compute), ms(t.communication), ms(t.optimizer),
-                  static_cast<long long>(r.tensor_allocations));
+      std::printf(
+          "%s, %d rank(s) x batch %lld, %d thread(s) per rank, compression %s, fusion %g MiB: median %.0f "
+          "samples/s\n",
+          config_path.c_str(), world.size(), static_cast<long long>(config.data.batch_size), threads,
+          config.distributed.compression.c_str(), config.distributed.fusion_threshold_mb, r.samples_per_sec);
+      std::printf(
+          "per step %.2f ms (mean of %d rank(s)): data %.2f, compute %.2f, communication not overlapped "
+          "%.2f, "
+          "optimizer %.2f; tensor buffers allocated in timed steps: %lld\n",
+          ms(t.total), world.size(), ms(t.data), ms(t.compute), ms(t.communication), ms(t.optimizer),
+          static_cast<long long>(r.tensor_allocations));
       const auto model = layers::build_sequential(config.model.layers, config.model.input_shape, config.seed);
       const Json result = {{"bench", "train"},
                            {"config", config_path},

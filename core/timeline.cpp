@@ -4,9 +4,8 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
-#include <vector>
-
 #include <nlohmann/json.hpp>
+#include <vector>
 
 namespace dptrain::timeline {
 namespace detail {
@@ -52,10 +51,18 @@ std::string take_events_json(int pid) {
   std::lock_guard lock(mutex);
   using nlohmann::json;
   const auto micros = [](Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); };
-  std::string out = json{{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", "rank " + std::to_string(pid)}}}}.dump();
-  out += "," + json{{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"args", {{"sort_index", pid}}}}.dump();
+  std::string out = json{{"name", "process_name"},
+                         {"ph", "M"},
+                         {"pid", pid},
+                         {"args", {{"name", "rank " + std::to_string(pid)}}}}
+                        .dump();
+  out +=
+      "," +
+      json{{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"args", {{"sort_index", pid}}}}.dump();
   for (const auto& [tid, name] : thread_names)
-    out += "," + json{{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", tid}, {"args", {{"name", name}}}}.dump();
+    out += "," +
+           json{{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", tid}, {"args", {{"name", name}}}}
+               .dump();
   char line[160];
   for (const Event& e : events) {
     out += ',' + json{{"name", e.name}, {"cat", e.category}}.dump();

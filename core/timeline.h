@@ -15,7 +15,9 @@ namespace detail {
 extern std::atomic<bool> on;
 }
 
-inline bool enabled() { return detail::on.load(std::memory_order_relaxed); }
+inline bool enabled() {
+  return detail::on.load(std::memory_order_relaxed);
+}
 
 // Starts recording; timestamps count from now (the trainer calls it right after a barrier, so the
 // ranks' tracks line up).
@@ -36,7 +38,9 @@ class Span {
     if (active_) begin_ = Clock::now();
   }
   ~Span() {
-    if (active_) record(index_ < 0 ? std::string(name_) : name_ + std::to_string(index_), category_, begin_, Clock::now());
+    if (active_)
+      record(index_ < 0 ? std::string(name_) : name_ + std::to_string(index_), category_, begin_,
+             Clock::now());
   }
   Span(const Span&) = delete;
   Span& operator=(const Span&) = delete;

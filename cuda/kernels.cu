@@ -18,11 +18,15 @@ int blocks_for(int64_t n) {
   return static_cast<int>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, 132 * 32));
 }
 
-__device__ int64_t first_index() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
-__device__ int64_t grid_stride() { return static_cast<int64_t>(blockDim.x) * gridDim.x; }
+__device__ int64_t first_index() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ int64_t grid_stride() {
+  return static_cast<int64_t>(blockDim.x) * gridDim.x;
+}
 
-__global__ void sgd_kernel(float* __restrict__ params, const float* __restrict__ grads, float* __restrict__ buf,
-                           int64_t n, SgdScalars s) {
+__global__ void sgd_kernel(float* __restrict__ params, const float* __restrict__ grads,
+                           float* __restrict__ buf, int64_t n, SgdScalars s) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     const float d = grads[i] + s.weight_decay * params[i];
     if (s.momentum == 0.0f) {
@@ -35,8 +39,8 @@ __global__ void sgd_kernel(float* __restrict__ params, const float* __restrict__
   }
 }
 
-__global__ void adam_kernel(float* __restrict__ params, const float* __restrict__ grads, float* __restrict__ m,
-                            float* __restrict__ v, int64_t n, AdamScalars s) {
+__global__ void adam_kernel(float* __restrict__ params, const float* __restrict__ grads,
+                            float* __restrict__ m, float* __restrict__ v, int64_t n, AdamScalars s) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     const float p = params[i] * s.decay;
     const float g = grads[i] + s.l2 * p;
@@ -48,7 +52,8 @@ __global__ void adam_kernel(float* __restrict__ params, const float* __restrict_
   }
 }
 
-__global__ void to_fp16_kernel(const float* __restrict__ src, __half* __restrict__ dst, int64_t n, float scale) {
+__global__ void to_fp16_kernel(const float* __restrict__ src, __half* __restrict__ dst, int64_t n,
+                               float scale) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) dst[i] = __float2half_rn(src[i] * scale);
 }
 __global__ void to_bf16_kernel(const float* __restrict__ src, __nv_bfloat16* __restrict__ dst, int64_t n,
@@ -92,12 +97,14 @@ void adam_step(const FlatParameters& p, const AdamScalars& s, cudaStream_t strea
   DPTRAIN_CUDA_CHECK_LAUNCH();
 }
 
-void floats_to_halves(const float* src, uint16_t* dst, int64_t n, float scale, HalfFormat format, cudaStream_t stream) {
+void floats_to_halves(const float* src, uint16_t* dst, int64_t n, float scale, HalfFormat format,
+                      cudaStream_t stream) {
   if (n == 0) return;
   if (format == HalfFormat::kFp16) {
     to_fp16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(src, reinterpret_cast<__half*>(dst), n, scale);
   } else {
-    to_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(src, reinterpret_cast<__nv_bfloat16*>(dst), n, scale);
+    to_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(src, reinterpret_cast<__nv_bfloat16*>(dst), n,
+                                                           scale);
   }
   DPTRAIN_CUDA_CHECK_LAUNCH();
 }
@@ -107,7 +114,8 @@ void halves_to_floats(const uint16_t* src, float* dst, int64_t n, HalfFormat for
   if (format == HalfFormat::kFp16) {
     from_fp16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(reinterpret_cast<const __half*>(src), dst, n);
   } else {
-    from_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(reinterpret_cast<const __nv_bfloat16*>(src), dst, n);
+    from_bf16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(reinterpret_cast<const __nv_bfloat16*>(src), dst,
+                                                             n);
   }
   DPTRAIN_CUDA_CHECK_LAUNCH();
 }

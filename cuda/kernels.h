@@ -41,7 +41,8 @@ AdamScalars adam_scalars(float lr, float beta1, float beta2, float eps, float we
 void adam_step(const FlatParameters& p, const AdamScalars& s, cudaStream_t stream);
 
 // dst[i] = half(src[i] * scale) and back; `n` elements.
-void floats_to_halves(const float* src, uint16_t* dst, int64_t n, float scale, HalfFormat format, cudaStream_t stream);
+void floats_to_halves(const float* src, uint16_t* dst, int64_t n, float scale, HalfFormat format,
+                      cudaStream_t stream);
 void halves_to_floats(const uint16_t* src, float* dst, int64_t n, HalfFormat format, cudaStream_t stream);
 
 }  // namespace dptrain::cuda

@@ -23,7 +23,8 @@ NcclCommunicator::~NcclCommunicator() {
 
 void NcclCommunicator::allreduce_sum(DeviceSpan<float> buffer, cudaStream_t stream) {
   if (buffer.size == 0) return;
-  DPTRAIN_NCCL_CHECK(ncclAllReduce(buffer.data, buffer.data, buffer.size, ncclFloat32, ncclSum, comm_, stream));
+  DPTRAIN_NCCL_CHECK(
+      ncclAllReduce(buffer.data, buffer.data, buffer.size, ncclFloat32, ncclSum, comm_, stream));
 }
 
 void NcclCommunicator::broadcast(DeviceSpan<float> buffer, int root, cudaStream_t stream) {
@@ -39,7 +40,8 @@ void NcclCommunicator::allreduce_sum_compressed(DeviceSpan<float> gradients, Dev
   const auto n = static_cast<int64_t>(gradients.size);
   floats_to_halves(gradients.data, staging.data, n, prescale, format, stream);
   DPTRAIN_NCCL_CHECK(ncclAllReduce(staging.data, staging.data, gradients.size,
-                                   format == HalfFormat::kFp16 ? ncclFloat16 : ncclBfloat16, ncclSum, comm_, stream));
+                                   format == HalfFormat::kFp16 ? ncclFloat16 : ncclBfloat16, ncclSum, comm_,
+                                   stream));
   halves_to_floats(staging.data, gradients.data, n, format, stream);
 }
 

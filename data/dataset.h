@@ -15,7 +15,7 @@ struct Dataset {
   std::vector<float> inputs;    // size * shape_numel(sample_shape), normalised, sample-major
   std::vector<int32_t> labels;  // size class indices in [0, num_classes)
   int num_classes = 0;
-  std::vector<float> targets;   // regression targets, size * width; empty for classification
+  std::vector<float> targets;  // regression targets, size * width; empty for classification
 };
 
 // Loads {train,t10k}-{images-idx3,labels-idx1}-ubyte (each plain or .gz) from dir: MNIST and

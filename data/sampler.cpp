@@ -56,8 +56,8 @@ void ShardedSampler::plan(int64_t remaining) {
 
 void ShardedSampler::set_epoch(int64_t epoch, int64_t first_sample) {
   DPTRAIN_CHECK(epoch >= 0, "sampler: epoch must be non-negative, got ", epoch);
-  DPTRAIN_CHECK(first_sample >= 0 && first_sample < n_, "sampler: first sample ", first_sample, " of epoch ", epoch,
-                " is outside [0, ", n_, ")");
+  DPTRAIN_CHECK(first_sample >= 0 && first_sample < n_, "sampler: first sample ", first_sample, " of epoch ",
+                epoch, " is outside [0, ", n_, ")");
   epoch_ = epoch;
   first_ = first_sample;
   plan(n_ - first_);
@@ -89,8 +89,8 @@ std::span<const int64_t> ShardedSampler::batch_indices(int64_t step) const {
   return {perm_.data() + start + offset, static_cast<std::size_t>(count)};
 }
 
-void gather_batch(const Dataset& ds, std::span<const int64_t> indices, float* inputs_out,
-                  int32_t* labels_out, float* targets_out) {
+void gather_batch(const Dataset& ds, std::span<const int64_t> indices, float* inputs_out, int32_t* labels_out,
+                  float* targets_out) {
   const int64_t numel = shape_numel(ds.sample_shape);
   const int64_t target_width = ds.size > 0 ? static_cast<int64_t>(ds.targets.size()) / ds.size : 0;
   DPTRAIN_CHECK(targets_out == nullptr || target_width > 0,

@@ -64,10 +64,10 @@ class ShardedSampler {
   uint64_t seed_;
   bool shuffle_;
   bool drop_last_;
-  int64_t first_ = 0;          // permutation position where the current epoch's steps begin
+  int64_t first_ = 0;  // permutation position where the current epoch's steps begin
   int64_t steps_ = 0;
-  int64_t full_steps_ = 0;     // leading steps that are whole global batches
-  int64_t tail_sizes_[2]{};    // global sizes of the steps after them (0, 1 or 2 steps)
+  int64_t full_steps_ = 0;   // leading steps that are whole global batches
+  int64_t tail_sizes_[2]{};  // global sizes of the steps after them (0, 1 or 2 steps)
   int64_t max_batch_ = 0;
   int64_t epoch_ = -1;
   std::vector<int64_t> perm_;
@@ -77,7 +77,7 @@ class ShardedSampler {
 
 // Copies the selected samples into caller buffers (inputs: indices.size() * sample numel floats).
 // labels_out and targets_out may be null; targets_out non-null needs a dataset with targets.
-void gather_batch(const Dataset& ds, std::span<const int64_t> indices, float* inputs_out,
-                  int32_t* labels_out, float* targets_out);
+void gather_batch(const Dataset& ds, std::span<const int64_t> indices, float* inputs_out, int32_t* labels_out,
+                  float* targets_out);
 
 }  // namespace dptrain::data

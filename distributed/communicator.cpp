@@ -114,8 +114,8 @@ struct StallWatchdog {
         if (!s.active) continue;
         const double waited = std::chrono::duration<double>(Clock::now() - s.since).count();
         if (policy.warning_s > 0 && !s.warned && waited > policy.warning_s) {
-          std::fprintf(stderr, "dptrain: rank %d has waited %.0f s in %s; a peer may be stalled or dead\n", rank,
-                       waited, s.what.c_str());
+          std::fprintf(stderr, "dptrain: rank %d has waited %.0f s in %s; a peer may be stalled or dead\n",
+                       rank, waited, s.what.c_str());
           std::fflush(stderr);
           s.warned = true;
         }
@@ -256,7 +256,8 @@ void Communicator::wait(Pending& pending) {
   if (!pending.job_) return;
   Job& job = *pending.job_;
   // Collectives often finish within microseconds of the request: spin a little before sleeping.
-  for (int spin = 0; spin < 2000 && !job.done.load(std::memory_order_acquire); ++spin) std::this_thread::yield();
+  for (int spin = 0; spin < 2000 && !job.done.load(std::memory_order_acquire); ++spin)
+    std::this_thread::yield();
   if (!job.done.load(std::memory_order_acquire)) {
     std::unique_lock lock(worker_->mutex);
     worker_->finished.wait(lock, [&] { return job.done.load(std::memory_order_acquire); });
@@ -277,8 +278,8 @@ void Communicator::allreduce(std::span<T> buffer, ReduceOp op, const std::string
   drain();
   {
     Watch watch(watchdog_.get(), 0, what);
-    DPTRAIN_MPI_CHECK(
-        MPI_Allreduce(MPI_IN_PLACE, buffer.data(), checked_count(buffer.size()), mpi_type<T>(), MPI_SUM, comm_));
+    DPTRAIN_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buffer.data(), checked_count(buffer.size()), mpi_type<T>(),
+                                    MPI_SUM, comm_));
   }
   if (op == ReduceOp::kAverage)
     for (T& v : buffer) v /= static_cast<T>(size_);
@@ -337,16 +338,16 @@ std::vector<std::string> Communicator::gather_to_root(const std::string& mine, c
     all.resize(total);
     checked_count(total);  // the displacements are ints as well
   }
-  DPTRAIN_MPI_CHECK(MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR,
-                                0, comm_));
+  DPTRAIN_MPI_CHECK(MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(),
+                                MPI_CHAR, 0, comm_));
   std::vector<std::string> out;
   for (int r = 0; rank_ == 0 && r < size_; ++r) out.push_back(all.substr(offsets[r], lengths[r]));
   return out;
 }
 
-#define DPTRAIN_INSTANTIATE(T)                                                           \
+#define DPTRAIN_INSTANTIATE(T)                                                          \
   template void Communicator::allreduce<T>(std::span<T>, ReduceOp, const std::string&); \
-  template void Communicator::broadcast<T>(std::span<T>, int, const std::string&);       \
+  template void Communicator::broadcast<T>(std::span<T>, int, const std::string&);      \
   template void Communicator::allgather<T>(std::span<const T>, std::span<T>, const std::string&);
 DPTRAIN_INSTANTIATE(float)
 DPTRAIN_INSTANTIATE(double)

@@ -54,7 +54,8 @@ class Communicator {
 
   // Asynchronous, in place, run on the communication thread in submission order. `what` names the
   // collective in errors and stall warnings; `timeline_name`, if given, is its span on the timeline.
-  Pending start_allreduce(std::span<float> buffer, ReduceOp op, std::string what, std::string timeline_name = {});
+  Pending start_allreduce(std::span<float> buffer, ReduceOp op, std::string what,
+                          std::string timeline_name = {});
   // The sum runs in half precision (a custom MPI_Op); callers pre-scale against overflow.
   Pending start_allreduce_half(std::span<uint16_t> buffer, HalfFormat format, std::string what,
                                std::string timeline_name = {});

@@ -13,7 +13,9 @@ namespace {
 // Each gradient starts on a 64-byte boundary inside the bucket buffer, as the kernels' Eigen maps
 // expect of every tensor buffer.
 constexpr int64_t kAlignFloats = 16;
-int64_t aligned(int64_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
+int64_t aligned(int64_t n) {
+  return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+}
 
 // Inf and NaN are the floats whose exponent bits are all ones. An integer OR-reduction vectorises
 // where a float accumulation would not (float addition is not associative).
@@ -49,14 +51,18 @@ Compression parse_compression(const std::string& name) {
 
 std::string to_string(Compression compression) {
   switch (compression) {
-    case Compression::kNone: return "none";
-    case Compression::kFp16: return "fp16";
-    case Compression::kBf16: return "bf16";
+    case Compression::kNone:
+      return "none";
+    case Compression::kFp16:
+      return "fp16";
+    case Compression::kBf16:
+      return "bf16";
   }
   return "?";
 }
 
-GradientReducer::GradientReducer(Communicator& comm, std::vector<NamedTensor> parameters, ReducerOptions options)
+GradientReducer::GradientReducer(Communicator& comm, std::vector<NamedTensor> parameters,
+                                 ReducerOptions options)
     : comm_(comm), parameters_(std::move(parameters)), options_(options) {
   DPTRAIN_CHECK(options_.fusion_threshold_mb >= 0 && options_.first_bucket_mb >= 0,
                 "distributed.fusion_threshold_mb and first_bucket_mb must be >= 0");
@@ -68,8 +74,9 @@ GradientReducer::GradientReducer(Communicator& comm, std::vector<NamedTensor> pa
   for (std::size_t k = parameters_.size(); k-- > 0;) {
     const int64_t n = aligned(parameters_[k].tensor.numel());
     // The first bucket stays small so that communication can start early in backward.
-    const double cap_mb =
-        buckets_.size() <= 1 ? std::min(options_.first_bucket_mb, options_.fusion_threshold_mb) : options_.fusion_threshold_mb;
+    const double cap_mb = buckets_.size() <= 1
+                              ? std::min(options_.first_bucket_mb, options_.fusion_threshold_mb)
+                              : options_.fusion_threshold_mb;
     const bool fits = !per_tensor && !buckets_.empty() && buckets_.back().numel + n <= cap_elements(cap_mb);
     if (!fits) buckets_.push_back({{}, offset, 0});
     buckets_.back().parameters.push_back(k);
@@ -120,9 +127,12 @@ void GradientReducer::prepare(int64_t step) {
 void GradientReducer::on_gradient_ready(std::size_t parameter) {
   if (!armed_) return;  // an accumulation pass (backward_passes_per_step > 1)
   ++ready_count_[bucket_of_[parameter]];
-  if (next_launch_ >= buckets_.size() || ready_count_[next_launch_] != buckets_[next_launch_].parameters.size()) return;
+  if (next_launch_ >= buckets_.size() ||
+      ready_count_[next_launch_] != buckets_[next_launch_].parameters.size())
+    return;
   const auto start = std::chrono::steady_clock::now();
-  while (next_launch_ < buckets_.size() && ready_count_[next_launch_] == buckets_[next_launch_].parameters.size()) {
+  while (next_launch_ < buckets_.size() &&
+         ready_count_[next_launch_] == buckets_[next_launch_].parameters.size()) {
     // The last bucket has nothing left to overlap with: reducing it here saves the hand-off to the
     // communication thread (which shares this rank's core).
     const bool last = next_launch_ + 1 == buckets_.size();
@@ -135,7 +145,9 @@ void GradientReducer::launch(std::size_t b, bool async) {
   launched_[b] = true;
   const std::span<float> grads = window(b);
   const int index = static_cast<int>(b);
-  const auto span_name = [&] { return timeline::enabled() ? "allreduce bucket " + std::to_string(b) : std::string(); };
+  const auto span_name = [&] {
+    return timeline::enabled() ? "allreduce bucket " + std::to_string(b) : std::string();
+  };
   if (options_.compression == Compression::kNone) {
     if (async) {
       pending_[b] = comm_.start_allreduce(grads, ReduceOp::kSum, label(b), span_name());
@@ -193,8 +205,8 @@ void GradientReducer::finish() {
     for (std::size_t k : buckets_[b].parameters) {
       bool finite = true;
       for (float v : parameters_[k].tensor.grad()) finite &= std::isfinite(v);
-      DPTRAIN_CHECK(finite, "non-finite averaged gradient in ", parameters_[k].name, " (bucket ", b, ") at step ",
-                    step_, "; not applied. Lower optimizer.lr",
+      DPTRAIN_CHECK(finite, "non-finite averaged gradient in ", parameters_[k].name, " (bucket ", b,
+                    ") at step ", step_, "; not applied. Lower optimizer.lr",
                     options_.compression != Compression::kNone
                         ? " or set distributed.compression to \"none\" (fp16 overflows past 65504)"
                         : "");

@@ -28,8 +28,9 @@ Initializer parse_initializer(ObjectReader& reader, const std::string& key, bool
   if (name == "ones") return {Initializer::Kind::kConstant, 1.0f};
   if (!for_bias && name == "kaiming_uniform") return {Initializer::Kind::kKaimingUniform};
   if (!for_bias && name == "glorot_uniform") return {Initializer::Kind::kGlorotUniform};
-  DPTRAIN_FAIL("config key ", reader.path_of(key), " = \"", name, "\" is not an initialiser; use \"default\", ",
-               for_bias ? "" : "\"kaiming_uniform\", \"glorot_uniform\", ", "\"zeros\", \"ones\" or a number");
+  DPTRAIN_FAIL(
+      "config key ", reader.path_of(key), " = \"", name, "\" is not an initialiser; use \"default\", ",
+      for_bias ? "" : "\"kaiming_uniform\", \"glorot_uniform\", ", "\"zeros\", \"ones\" or a number");
 }
 
 void initialize(const Tensor& t, const Initializer& init, int64_t fan_in, int64_t fan_out, uint64_t seed,
@@ -40,9 +41,15 @@ void initialize(const Tensor& t, const Initializer& init, int64_t fan_in, int64_
     case Initializer::Kind::kConstant:
       std::fill_n(t.data(), t.numel(), init.value);
       return;
-    case Initializer::Kind::kDefault: bound = 1.0f / std::sqrt(static_cast<float>(fan_in)); break;
-    case Initializer::Kind::kKaimingUniform: bound = std::sqrt(6.0f / static_cast<float>(fan_in)); break;
-    case Initializer::Kind::kGlorotUniform: bound = std::sqrt(6.0f / static_cast<float>(fan_in + fan_out)); break;
+    case Initializer::Kind::kDefault:
+      bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
+      break;
+    case Initializer::Kind::kKaimingUniform:
+      bound = std::sqrt(6.0f / static_cast<float>(fan_in));
+      break;
+    case Initializer::Kind::kGlorotUniform:
+      bound = std::sqrt(6.0f / static_cast<float>(fan_in + fan_out));
+      break;
   }
   for (float& v : t.values()) v = rng.uniform(-bound, bound);
 }
@@ -50,21 +57,23 @@ void initialize(const Tensor& t, const Initializer& init, int64_t fan_in, int64_
 std::unique_ptr<Module> build_layer(ObjectReader& r, int index, const Shape& input, uint64_t seed) {
   const std::string type = r.require<std::string>("type");
   if (type == "dense") {
-    DPTRAIN_CHECK(input.size() == 1, "config key ", r.path_of("type"), ": dense needs a flat input, gets per-sample ",
-                  "shape ", shape_str(input), "; add a {\"type\": \"flatten\"} layer before it");
+    DPTRAIN_CHECK(input.size() == 1, "config key ", r.path_of("type"),
+                  ": dense needs a flat input, gets per-sample ", "shape ", shape_str(input),
+                  "; add a {\"type\": \"flatten\"} layer before it");
     DPTRAIN_CHECK(r.has("out_features"), "config key ", r.path_of("out_features"), " is missing (dense)");
     const int64_t out = r.get_in_range<int64_t>("out_features", 1, 1, 1 << 24);
     const bool bias = r.get<bool>("bias", true);
     auto layer = std::make_unique<Dense>(index, input[0], out, bias);
-    const Initializer w = parse_initializer(r, "weight_init", false), b = parse_initializer(r, "bias_init", true);
+    const Initializer w = parse_initializer(r, "weight_init", false),
+                      b = parse_initializer(r, "bias_init", true);
     const std::string p = std::to_string(index) + ".";
     initialize(layer->weight(), w, input[0], out, seed, p + "weight");
     if (bias) initialize(layer->bias(), b, input[0], out, seed, p + "bias");
     return layer;
   }
   if (type == "conv2d") {
-    DPTRAIN_CHECK(input.size() == 3, "config key ", r.path_of("type"), ": conv2d needs a [C, H, W] input, gets ",
-                  shape_str(input));
+    DPTRAIN_CHECK(input.size() == 3, "config key ", r.path_of("type"),
+                  ": conv2d needs a [C, H, W] input, gets ", shape_str(input));
     DPTRAIN_CHECK(r.has("out_channels") && r.has("kernel"), "config key ", r.path_of("type"),
                   ": conv2d needs out_channels and kernel");
     const int64_t out = r.get_in_range<int64_t>("out_channels", 1, 1, 1 << 16);
@@ -73,7 +82,8 @@ std::unique_ptr<Module> build_layer(ObjectReader& r, int index, const Shape& inp
     const int padding = r.get_in_range("padding", 0, 0, 64);
     const bool bias = r.get<bool>("bias", true);
     auto layer = std::make_unique<Conv2D>(index, input[0], out, kernel, stride, padding, bias);
-    const Initializer w = parse_initializer(r, "weight_init", false), b = parse_initializer(r, "bias_init", true);
+    const Initializer w = parse_initializer(r, "weight_init", false),
+                      b = parse_initializer(r, "bias_init", true);
     const int64_t fan_in = input[0] * kernel * kernel, fan_out = out * kernel * kernel;
     const std::string p = std::to_string(index) + ".";
     initialize(layer->weight(), w, fan_in, fan_out, seed, p + "weight");
@@ -93,15 +103,17 @@ std::unique_ptr<Module> build_layer(ObjectReader& r, int index, const Shape& inp
     const float p = r.get_in_range("p", 0.5f, 0.0f, 0.99f);
     return std::make_unique<Dropout>(index, p);
   }
-  DPTRAIN_FAIL("config key ", r.path_of("type"), " = \"", type,
-               "\" is not a layer type; use dense, conv2d, maxpool2d, relu, tanh, sigmoid, flatten or dropout");
+  DPTRAIN_FAIL(
+      "config key ", r.path_of("type"), " = \"", type,
+      "\" is not a layer type; use dense, conv2d, maxpool2d, relu, tanh, sigmoid, flatten or dropout");
 }
 
 }  // namespace
 
 std::unique_ptr<Sequential> build_sequential(const Json& layers, const Shape& input_shape, uint64_t seed,
                                              const std::string& path) {
-  DPTRAIN_CHECK(layers.is_array() && !layers.empty(), "config key ", path, ": expected a non-empty list of layers");
+  DPTRAIN_CHECK(layers.is_array() && !layers.empty(), "config key ", path,
+                ": expected a non-empty list of layers");
   auto model = std::make_unique<Sequential>();
   Shape shape = input_shape;
   for (std::size_t i = 0; i < layers.size(); ++i) {
@@ -139,8 +151,9 @@ void load_parameters(const Module& model, const safetensors::File& file, const s
   }
   for (const NamedTensor& t : file.tensors) {
     const bool ignored = !ignored_prefix.empty() && t.name.starts_with(ignored_prefix);
-    DPTRAIN_CHECK(ignored || expected.count(t.name), source, ": tensor '", t.name,
-                  "' does not belong to the model (its parameters are named \"{layer index}.weight\" / \".bias\")");
+    DPTRAIN_CHECK(
+        ignored || expected.count(t.name), source, ": tensor '", t.name,
+        "' does not belong to the model (its parameters are named \"{layer index}.weight\" / \".bias\")");
   }
 }
 

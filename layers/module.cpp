@@ -26,14 +26,17 @@ Shape Dense::output_shape(const Shape& input) const {
   return {weight_.dim(0)};
 }
 
-std::vector<NamedTensor> Dense::named_parameters() const { return weight_and_bias(index_, weight_, bias_); }
+std::vector<NamedTensor> Dense::named_parameters() const {
+  return weight_and_bias(index_, weight_, bias_);
+}
 
 std::string Dense::describe() const {
   return "Dense(" + std::to_string(weight_.dim(1)) + " -> " + std::to_string(weight_.dim(0)) +
          (bias_.defined() ? "" : ", no bias") + ")";
 }
 
-Conv2D::Conv2D(int index, int64_t in_channels, int64_t out_channels, int kernel, int stride, int padding, bool bias)
+Conv2D::Conv2D(int index, int64_t in_channels, int64_t out_channels, int kernel, int stride, int padding,
+               bool bias)
     : index_(index),
       kernel_(kernel),
       stride_(stride),
@@ -52,7 +55,9 @@ Shape Conv2D::output_shape(const Shape& input) const {
   return {weight_.dim(0), h, w};
 }
 
-std::vector<NamedTensor> Conv2D::named_parameters() const { return weight_and_bias(index_, weight_, bias_); }
+std::vector<NamedTensor> Conv2D::named_parameters() const {
+  return weight_and_bias(index_, weight_, bias_);
+}
 
 std::string Conv2D::describe() const {
   return "Conv2D(" + std::to_string(weight_.dim(1)) + " -> " + std::to_string(weight_.dim(0)) + ", " +
@@ -61,8 +66,8 @@ std::string Conv2D::describe() const {
 }
 
 Shape MaxPool2D::output_shape(const Shape& input) const {
-  DPTRAIN_CHECK(input.size() == 3 && input[1] >= kernel_ && input[2] >= kernel_, "maxpool2d: kernel ", kernel_,
-                " does not fit per-sample input ", shape_str(input));
+  DPTRAIN_CHECK(input.size() == 3 && input[1] >= kernel_ && input[2] >= kernel_, "maxpool2d: kernel ",
+                kernel_, " does not fit per-sample input ", shape_str(input));
   return {input[0], (input[1] - kernel_) / stride_ + 1, (input[2] - kernel_) / stride_ + 1};
 }
 
@@ -73,23 +78,31 @@ std::string MaxPool2D::describe() const {
 Tensor ActivationLayer::forward(const Tensor& x) {
   if (fused_) return x;
   switch (kind_) {
-    case Activation::kRelu: return ops::relu(x);
-    case Activation::kTanh: return ops::tanh(x);
-    case Activation::kSigmoid: return ops::sigmoid(x);
+    case Activation::kRelu:
+      return ops::relu(x);
+    case Activation::kTanh:
+      return ops::tanh(x);
+    case Activation::kSigmoid:
+      return ops::sigmoid(x);
   }
   return x;
 }
 
 std::string ActivationLayer::describe() const {
   switch (kind_) {
-    case Activation::kRelu: return fused_ ? "ReLU (fused into the layer before)" : "ReLU";
-    case Activation::kTanh: return "Tanh";
-    case Activation::kSigmoid: return "Sigmoid";
+    case Activation::kRelu:
+      return fused_ ? "ReLU (fused into the layer before)" : "ReLU";
+    case Activation::kTanh:
+      return "Tanh";
+    case Activation::kSigmoid:
+      return "Sigmoid";
   }
   return "?";
 }
 
-std::string Dropout::describe() const { return "Dropout(p=" + std::to_string(p_) + ")"; }
+std::string Dropout::describe() const {
+  return "Dropout(p=" + std::to_string(p_) + ")";
+}
 
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
@@ -112,7 +125,8 @@ std::vector<NamedTensor> Sequential::named_parameters() const {
 
 std::string Sequential::describe() const {
   std::string s;
-  for (std::size_t i = 0; i < layers_.size(); ++i) s += "  " + std::to_string(i) + ": " + layers_[i]->describe() + "\n";
+  for (std::size_t i = 0; i < layers_.size(); ++i)
+    s += "  " + std::to_string(i) + ": " + layers_[i]->describe() + "\n";
   return s;
 }
 

@@ -49,8 +49,11 @@ class Dense : public Module {
 
 class Conv2D : public Module {
  public:
-  Conv2D(int index, int64_t in_channels, int64_t out_channels, int kernel, int stride, int padding, bool bias);
-  Tensor forward(const Tensor& x) override { return ops::conv2d(x, weight_, bias_, {stride_, padding_, fuse_relu_}); }
+  Conv2D(int index, int64_t in_channels, int64_t out_channels, int kernel, int stride, int padding,
+         bool bias);
+  Tensor forward(const Tensor& x) override {
+    return ops::conv2d(x, weight_, bias_, {stride_, padding_, fuse_relu_});
+  }
   // Applies the following ReLU inside the convolution (see Conv2dOptions::fuse_relu).
   void fuse_relu() { fuse_relu_ = true; }
   Shape output_shape(const Shape& input) const override;

@@ -54,13 +54,14 @@ int64_t parse_count(const Checkpoint& c, const std::string& key) {
   const std::string& text = c.meta(key);
   int64_t value = -1;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  DPTRAIN_CHECK(ec == std::errc() && end == text.data() + text.size() && value >= 0, c.path, ": metadata ", key,
-                " = '", text, "' is not a non-negative integer");
+  DPTRAIN_CHECK(ec == std::errc() && end == text.data() + text.size() && value >= 0, c.path, ": metadata ",
+                key, " = '", text, "' is not a non-negative integer");
   return value;
 }
 
 void check_errno(bool ok, const std::string& what, const std::string& path) {
-  DPTRAIN_CHECK(ok, path, ": ", what, " failed: ", std::strerror(errno), " (is the checkpoint.dir writable, the disk full?)");
+  DPTRAIN_CHECK(ok, path, ": ", what, " failed: ", std::strerror(errno),
+                " (is the checkpoint.dir writable, the disk full?)");
 }
 
 void write_all(int fd, const char* data, std::size_t size, const std::string& path) {
@@ -77,7 +78,8 @@ void write_all(int fd, const char* data, std::size_t size, const std::string& pa
 
 const std::string& Checkpoint::meta(const std::string& key) const {
   const auto it = file.metadata.find(key);
-  DPTRAIN_CHECK(it != file.metadata.end(), path, ": metadata entry '", key, "' is missing; not a dptrain checkpoint?");
+  DPTRAIN_CHECK(it != file.metadata.end(), path, ": metadata entry '", key,
+                "' is missing; not a dptrain checkpoint?");
   return it->second;
 }
 
@@ -104,7 +106,8 @@ std::vector<char> encode_checkpoint(const CheckpointData& data) {
   return safetensors::serialize(tensors, metadata);
 }
 
-void write_file_durably(const std::string& path, const std::vector<char>& bytes, const std::function<void()>& midway) {
+void write_file_durably(const std::string& path, const std::vector<char>& bytes,
+                        const std::function<void()>& midway) {
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   const std::string temp = (dir / ("." + target.filename().string() + ".tmp")).string();
@@ -138,15 +141,16 @@ Checkpoint read_checkpoint(const std::string& path) {
   Checkpoint c{path, {}, safetensors::parse(bytes, path)};
 
   const std::string& version = c.meta("dptrain_checkpoint_version");
-  DPTRAIN_CHECK(version == std::to_string(kCheckpointFormatVersion), path, ": checkpoint format version ", version,
-                "; this build reads version ", kCheckpointFormatVersion);
-  const std::string stored_meta = c.meta("metadata_crc32"), computed_meta = hex32(crc_of_metadata(c.file.metadata));
-  DPTRAIN_CHECK(stored_meta == computed_meta, path, ": metadata checksum mismatch (crc32 stored ", stored_meta,
-                ", computed ", computed_meta, "): the file is damaged");
+  DPTRAIN_CHECK(version == std::to_string(kCheckpointFormatVersion), path, ": checkpoint format version ",
+                version, "; this build reads version ", kCheckpointFormatVersion);
+  const std::string stored_meta = c.meta("metadata_crc32"),
+                    computed_meta = hex32(crc_of_metadata(c.file.metadata));
+  DPTRAIN_CHECK(stored_meta == computed_meta, path, ": metadata checksum mismatch (crc32 stored ",
+                stored_meta, ", computed ", computed_meta, "): the file is damaged");
   std::vector<NamedTensor> in_offset_order = c.file.tensors;  // parse() keeps file (= data) order
   const std::string stored = c.meta("crc32"), computed = hex32(crc_of_tensors({&in_offset_order}));
-  DPTRAIN_CHECK(stored == computed, path, ": tensor data checksum mismatch (crc32 stored ", stored, ", computed ",
-                computed, "): the file is damaged");
+  DPTRAIN_CHECK(stored == computed, path, ": tensor data checksum mismatch (crc32 stored ", stored,
+                ", computed ", computed, "): the file is damaged");
 
   TrainingPosition& p = c.position;
   p.epochs_completed = parse_count(c, "epochs_completed");
@@ -177,7 +181,8 @@ void restore(const Checkpoint& checkpoint, const std::vector<NamedTensor>& param
   for (const NamedTensor& t : checkpoint.file.tensors) {
     const bool is_state = t.name.starts_with(prefix);
     if (is_state && optimizer_state == nullptr) continue;
-    const bool known = std::any_of(targets.begin(), targets.end(), [&](const auto& x) { return x.second == t.name; });
+    const bool known =
+        std::any_of(targets.begin(), targets.end(), [&](const auto& x) { return x.second == t.name; });
     DPTRAIN_CHECK(known, checkpoint.path, ": tensor '", t.name, "' has no counterpart in the configured ",
                   is_state ? "optimizer (another optimizer.type?)" : "model (another model.layers?)");
   }

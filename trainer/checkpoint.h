@@ -74,8 +74,8 @@ void prune_checkpoints(const std::string& dir, int64_t keep);
 
 // The newest checkpoint in `dir` that reads, validates and passes `accept`. Each one rejected on
 // the way is reported through `report(path, reason)`. None: std::nullopt.
-std::optional<Checkpoint> newest_valid_checkpoint(const std::string& dir,
-                                                  const std::function<void(const Checkpoint&)>& accept,
-                                                  const std::function<void(const std::string&, const std::string&)>& report);
+std::optional<Checkpoint> newest_valid_checkpoint(
+    const std::string& dir, const std::function<void(const Checkpoint&)>& accept,
+    const std::function<void(const std::string&, const std::string&)>& report);
 
 }  // namespace dptrain::trainer

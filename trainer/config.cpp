@@ -55,7 +55,8 @@ Config parse_config(const Json& json) {
     ObjectReader r(root.raw("data"), "data");
     DataConfig& d = c.data;
     d.dataset = r.get_choice("dataset", d.dataset, {"mnist", "fashion_mnist", "linear"});
-    d.dir = r.get<std::string>("dir", d.dataset == "mnist" ? "data/mnist" : "/usr/share/datasets/fashion-mnist");
+    d.dir =
+        r.get<std::string>("dir", d.dataset == "mnist" ? "data/mnist" : "/usr/share/datasets/fashion-mnist");
     d.batch_size = r.get_in_range<int64_t>("batch_size", d.batch_size, 1, 1 << 20);
     d.eval_batch_size = r.get_in_range<int64_t>("eval_batch_size", d.eval_batch_size, 1, 1 << 20);
     d.max_train_samples = r.get_in_range<int64_t>("max_train_samples", 0, 0, INT64_MAX);
@@ -85,7 +86,8 @@ Config parse_config(const Json& json) {
     ObjectReader r(root.raw("model"), "model");
     c.model.input_shape = r.require<std::vector<int64_t>>("input_shape");
     DPTRAIN_CHECK(!c.model.input_shape.empty(), "config key model.input_shape must not be empty");
-    for (int64_t d : c.model.input_shape) DPTRAIN_CHECK(d > 0, "config key model.input_shape: dimensions must be > 0");
+    for (int64_t d : c.model.input_shape)
+      DPTRAIN_CHECK(d > 0, "config key model.input_shape: dimensions must be > 0");
     DPTRAIN_CHECK(r.has("layers"), "config key model.layers is missing");
     c.model.layers = r.raw("layers");
     c.model.loss = r.get_choice("loss", c.model.loss, {"cross_entropy", "mse"});
@@ -103,11 +105,13 @@ Config parse_config(const Json& json) {
     o.nesterov = r.get<bool>("nesterov", o.nesterov);
     o.weight_decay = r.get_in_range("weight_decay", o.type == "adamw" ? 1e-2 : 0.0, 0.0, 1e3);
     o.betas = r.get<std::vector<double>>("betas", o.betas);
-    DPTRAIN_CHECK(o.betas.size() == 2 && o.betas[0] >= 0 && o.betas[0] < 1 && o.betas[1] >= 0 && o.betas[1] < 1,
-                  "config key optimizer.betas must be two numbers in [0, 1)");
+    DPTRAIN_CHECK(
+        o.betas.size() == 2 && o.betas[0] >= 0 && o.betas[0] < 1 && o.betas[1] >= 0 && o.betas[1] < 1,
+        "config key optimizer.betas must be two numbers in [0, 1)");
     o.eps = r.get_in_range("eps", o.eps, 0.0, 1.0);
     DPTRAIN_CHECK(o.type == "sgd" || (!r.has("momentum") && !r.has("dampening") && !r.has("nesterov")),
-                  "config key optimizer.momentum/dampening/nesterov apply to \"sgd\" only, not \"", o.type, "\"");
+                  "config key optimizer.momentum/dampening/nesterov apply to \"sgd\" only, not \"", o.type,
+                  "\"");
     DPTRAIN_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
                   "config key optimizer.nesterov needs momentum > 0 and dampening 0");
     o.lr_scaling = r.get_choice("lr_scaling", o.lr_scaling, {"linear", "none"});
@@ -177,19 +181,17 @@ Json to_json(const Config& c) {
         {"layers", c.model.layers},
         {"loss", c.model.loss},
         {"init_from", c.model.init_from}}},
-      {"optimizer",
-       c.optimizer.type == "sgd"
-           ? Json{{"type", c.optimizer.type},
-                  {"lr", c.optimizer.lr},
-                  {"momentum", c.optimizer.momentum},
-                  {"dampening", c.optimizer.dampening},
-                  {"nesterov", c.optimizer.nesterov},
-                  {"weight_decay", c.optimizer.weight_decay}}
-           : Json{{"type", c.optimizer.type},
-                  {"lr", c.optimizer.lr},
-                  {"betas", c.optimizer.betas},
-                  {"eps", c.optimizer.eps},
-                  {"weight_decay", c.optimizer.weight_decay}}},
+      {"optimizer", c.optimizer.type == "sgd" ? Json{{"type", c.optimizer.type},
+                                                     {"lr", c.optimizer.lr},
+                                                     {"momentum", c.optimizer.momentum},
+                                                     {"dampening", c.optimizer.dampening},
+                                                     {"nesterov", c.optimizer.nesterov},
+                                                     {"weight_decay", c.optimizer.weight_decay}}
+                                              : Json{{"type", c.optimizer.type},
+                                                     {"lr", c.optimizer.lr},
+                                                     {"betas", c.optimizer.betas},
+                                                     {"eps", c.optimizer.eps},
+                                                     {"weight_decay", c.optimizer.weight_decay}}},
       {"training",
        {{"epochs", c.training.epochs},
         {"max_steps", c.training.max_steps},

@@ -70,7 +70,7 @@ struct DistributedConfig {
 
 struct TrainingConfig {
   int64_t epochs = 1;
-  int64_t max_steps = 0;        // 0: no limit
+  int64_t max_steps = 0;          // 0: no limit
   int64_t log_every_steps = 100;  // plain-line progress when stdout is not a terminal
 };
 

@@ -23,10 +23,12 @@ int main(int argc, char** argv) {
       ->expected(1)
       ->allow_extra_args(false);
   app.add_flag("--print-config", print_config, "print the resolved config (defaults filled in) and exit");
-  app.add_option("--resume", run_options.resume,
-                 "continue from a checkpoint: 'auto' (the newest valid one in checkpoint.dir, else start fresh) "
-                 "or the path of one");
-  app.add_option("--evaluate", evaluate_path, "report test loss and accuracy of a checkpoint's weights and exit")
+  app.add_option(
+      "--resume", run_options.resume,
+      "continue from a checkpoint: 'auto' (the newest valid one in checkpoint.dir, else start fresh) "
+      "or the path of one");
+  app.add_option("--evaluate", evaluate_path,
+                 "report test loss and accuracy of a checkpoint's weights and exit")
       ->excludes("--resume");
   try {
     app.parse(argc, argv);

@@ -36,14 +36,15 @@ void Progress::update(int64_t step, double loss, double accuracy, double samples
     const int filled = static_cast<int>(kWidth * done / std::max<int64_t>(steps_, 1));
     std::string bar(filled, '=');
     if (filled < kWidth) bar += '>' + std::string(kWidth - filled - 1, ' ');
-    std::printf("\repoch %lld/%lld [%s] %lld/%lld loss %.4f%s %.0f samples/s ", static_cast<long long>(epoch_),
-                static_cast<long long>(epochs_), bar.c_str(), static_cast<long long>(done),
-                static_cast<long long>(steps_), loss, accuracy_text(accuracy).c_str(), samples_per_sec);
+    std::printf("\repoch %lld/%lld [%s] %lld/%lld loss %.4f%s %.0f samples/s ",
+                static_cast<long long>(epoch_), static_cast<long long>(epochs_), bar.c_str(),
+                static_cast<long long>(done), static_cast<long long>(steps_), loss,
+                accuracy_text(accuracy).c_str(), samples_per_sec);
     std::fflush(stdout);
   } else if (done % log_every_steps_ == 0 || done == steps_) {
     std::printf("epoch %lld/%lld step %lld/%lld loss %.4f%s %.0f samples/s\n", static_cast<long long>(epoch_),
-                static_cast<long long>(epochs_), static_cast<long long>(done), static_cast<long long>(steps_), loss,
-                accuracy_text(accuracy).c_str(), samples_per_sec);
+                static_cast<long long>(epochs_), static_cast<long long>(done), static_cast<long long>(steps_),
+                loss, accuracy_text(accuracy).c_str(), samples_per_sec);
     std::fflush(stdout);
   }
 }

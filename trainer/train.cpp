@@ -8,11 +8,10 @@
 
 #include <omp.h>
 
-#include <csignal>
-
 #include <Eigen/Core>
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -42,7 +41,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
 
 // CPU threads per rank: the configured number, or this host's cores shared among its ranks.
 int choose_threads(int configured, const distributed::World& world) {
@@ -57,13 +58,14 @@ data::Dataset load_dataset(const Config& c, bool train) {
     return data::make_linear_dataset(train ? l.samples : l.test_samples, l.coefficients, l.noise,
                                      c.seed + (train ? 0 : 1));
   }
-  data::Dataset ds =
-      data::load_image_dataset(c.data.dir, train, static_cast<float>(c.data.mean), static_cast<float>(c.data.std));
+  data::Dataset ds = data::load_image_dataset(c.data.dir, train, static_cast<float>(c.data.mean),
+                                              static_cast<float>(c.data.std));
   data::keep_first(ds, train ? c.data.max_train_samples : c.data.max_test_samples);
   return ds;
 }
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const OptimizerConfig& o, std::vector<NamedTensor> parameters) {
+std::unique_ptr<optim::Optimizer> make_optimizer(const OptimizerConfig& o,
+                                                 std::vector<NamedTensor> parameters) {
   if (o.type == "sgd") {
     return std::make_unique<optim::Sgd>(
         std::move(parameters),
@@ -71,9 +73,9 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const OptimizerConfig& o, std::
                           static_cast<float>(o.weight_decay)});
   }
   return std::make_unique<optim::Adam>(
-      std::move(parameters), optim::AdamOptions{static_cast<float>(o.betas[0]), static_cast<float>(o.betas[1]),
-                                                static_cast<float>(o.eps), static_cast<float>(o.weight_decay),
-                                                o.type == "adamw"});
+      std::move(parameters),
+      optim::AdamOptions{static_cast<float>(o.betas[0]), static_cast<float>(o.betas[1]),
+                         static_cast<float>(o.eps), static_cast<float>(o.weight_decay), o.type == "adamw"});
 }
 
 // A batch as tensors; buffers come from the storage cache, so steady-state steps do not allocate.
@@ -125,7 +127,7 @@ InjectedFault injected_fault() {
   const std::string k = kind;
   DPTRAIN_CHECK((fields == 2 || fields == 3) && (k == "throw" || k == "kill" || k == "kill_in_checkpoint"),
                 "DPTRAIN_INJECT_FAULT='", spec, "': expected RANK:STEP[:throw|kill|kill_in_checkpoint]");
-  f.kind = k == "kill" ? InjectedFault::Kind::kKill
+  f.kind = k == "kill"                 ? InjectedFault::Kind::kKill
            : k == "kill_in_checkpoint" ? InjectedFault::Kind::kKillInCheckpoint
                                        : InjectedFault::Kind::kThrow;
   return f;
@@ -164,17 +166,20 @@ class Trainer {
         passes_per_step_(config.distributed.backward_passes_per_step),
         progress_(world.is_root(), config.training.log_every_steps),
         fault_(injected_fault()) {
-    DPTRAIN_CHECK(config.model.input_shape == train_set_.sample_shape, "config key model.input_shape = ",
-                  shape_str(config.model.input_shape), " does not match the samples of data.dataset \"",
-                  config.data.dataset, "\" (", shape_str(train_set_.sample_shape), ")");
-    DPTRAIN_CHECK(config.model.loss == "mse" || train_set_.targets.empty(), "data.dataset \"", config.data.dataset,
-                  "\" is a regression dataset; set model.loss to \"mse\"");
-    DPTRAIN_CHECK(config.model.loss == "cross_entropy" || !train_set_.targets.empty(), "model.loss \"mse\" needs a ",
+    DPTRAIN_CHECK(config.model.input_shape == train_set_.sample_shape,
+                  "config key model.input_shape = ", shape_str(config.model.input_shape),
+                  " does not match the samples of data.dataset \"", config.data.dataset, "\" (",
+                  shape_str(train_set_.sample_shape), ")");
+    DPTRAIN_CHECK(config.model.loss == "mse" || train_set_.targets.empty(), "data.dataset \"",
+                  config.data.dataset, "\" is a regression dataset; set model.loss to \"mse\"");
+    DPTRAIN_CHECK(config.model.loss == "cross_entropy" || !train_set_.targets.empty(),
+                  "model.loss \"mse\" needs a ",
                   "regression dataset (data.dataset \"linear\"); use \"cross_entropy\" for classes");
-    DPTRAIN_CHECK(sampler_.steps_per_epoch() > 0, "data.batch_size ", config.data.batch_size, " x ", world.size(),
-                  " ranks is larger than the ", train_set_.size, " training samples with data.drop_last");
-    DPTRAIN_CHECK(train_set_.size >= world.size(), "only ", train_set_.size, " training samples for ", world.size(),
-                  " ranks: every rank needs at least one sample per step");
+    DPTRAIN_CHECK(sampler_.steps_per_epoch() > 0, "data.batch_size ", config.data.batch_size, " x ",
+                  world.size(), " ranks is larger than the ", train_set_.size,
+                  " training samples with data.drop_last");
+    DPTRAIN_CHECK(train_set_.size >= world.size(), "only ", train_set_.size, " training samples for ",
+                  world.size(), " ranks: every rank needs at least one sample per step");
 
     model_ = layers::build_sequential(config.model.layers, config.model.input_shape, config.seed);
     optimizer_ = make_optimizer(config.optimizer, model_->named_parameters());
@@ -184,8 +189,8 @@ class Trainer {
         config.optimizer.gamma, static_cast<double>(config.training.epochs), config.optimizer.min_lr});
     reducer_ = std::make_unique<distributed::GradientReducer>(
         comm_, model_->named_parameters(),
-        distributed::ReducerOptions{config.distributed.fusion_threshold_mb, config.distributed.first_bucket_mb,
-                                    config.distributed.overlap,
+        distributed::ReducerOptions{config.distributed.fusion_threshold_mb,
+                                    config.distributed.first_bucket_mb, config.distributed.overlap,
                                     distributed::parse_compression(config.distributed.compression),
                                     /*gradients_prescaled=*/true, config.distributed.check_finite});
   }
@@ -199,8 +204,9 @@ class Trainer {
     }
     position_.optimizer_steps = optimizer_->steps_taken();
     int64_t scalars[] = {position_.optimizer_steps, position_.epochs_completed, position_.epoch_samples_done,
-                         position_.global_step, position_.samples_seen, resumed_};
-    distributed::broadcast_state(comm_, optimizer_->parameters(), optimizer_->state(), std::span<int64_t>(scalars));
+                         position_.global_step,     position_.samples_seen,     resumed_};
+    distributed::broadcast_state(comm_, optimizer_->parameters(), optimizer_->state(),
+                                 std::span<int64_t>(scalars));
     position_ = {scalars[1], scalars[2], scalars[3], scalars[4], scalars[0]};
     resumed_ = scalars[5] != 0;
     optimizer_->set_steps_taken(position_.optimizer_steps);
@@ -216,8 +222,8 @@ class Trainer {
     announce();
     std::vector<EpochMetrics> history;
     std::ofstream metrics = open_metrics();
-    for (int64_t epoch = position_.epochs_completed + 1; epoch <= config_.training.epochs && !step_limit_reached();
-         ++epoch) {
+    for (int64_t epoch = position_.epochs_completed + 1;
+         epoch <= config_.training.epochs && !step_limit_reached(); ++epoch) {
       EpochMetrics m = train_epoch(epoch);
       const Evaluation e = evaluate();
       m.test_loss = e.loss;
@@ -270,7 +276,7 @@ class Trainer {
     double loss_sum = 0;
     int64_t correct = 0, samples = 0, steps = 0;
     double data = 0, compute = 0, communication = 0, optimizer = 0;  // seconds
-    double backward = 0;  // the part of compute spent in backward
+    double backward = 0;                                             // the part of compute spent in backward
   };
 
   EpochMetrics train_epoch(int64_t epoch) {
@@ -286,9 +292,10 @@ class Trainer {
     for (; step < steps && !step_limit_reached(); ++step) {
       inject_fault_before_step();
       train_step(epoch, step, totals);
-      progress_.update(step, totals.loss_sum / totals.samples,
-                       config_.model.loss == "mse" ? -1.0 : static_cast<double>(totals.correct) / totals.samples,
-                       totals.samples * world_.size() / seconds_since(start));
+      progress_.update(
+          step, totals.loss_sum / totals.samples,
+          config_.model.loss == "mse" ? -1.0 : static_cast<double>(totals.correct) / totals.samples,
+          totals.samples * world_.size() / seconds_since(start));
       // A checkpoint due at an epoch's last step waits for the evaluation (run() writes it).
       const int64_t every = config_.checkpoint.every_steps;
       if (every > 0 && position_.global_step % every == 0 && step + 1 < steps && !step_limit_reached())
@@ -308,7 +315,8 @@ class Trainer {
     m.first_sample = first_sample;
     m.step_times = mean_step_times(totals, m.epoch_seconds);
     // Weighted by sample counts: ranks may hold different batch sizes in an epoch's last step.
-    double sums[3] = {totals.loss_sum, static_cast<double>(totals.correct), static_cast<double>(totals.samples)};
+    double sums[3] = {totals.loss_sum, static_cast<double>(totals.correct),
+                      static_cast<double>(totals.samples)};
     comm_.allreduce(std::span<double>(sums), distributed::ReduceOp::kSum, "allreduce of epoch metrics");
     m.train_loss = sums[0] / std::max(sums[2], 1.0);
     m.train_accuracy = sums[1] / std::max(sums[2], 1.0);
@@ -341,7 +349,8 @@ class Trainer {
         loss = config_.model.loss == "mse" ? ops::mse(output, batch_.targets)
                                            : ops::cross_entropy(output, batch_.labels);
       }
-      if (pass == passes - 1) reducer_->prepare(position_.global_step);  // buckets launch during this backward
+      if (pass == passes - 1)
+        reducer_->prepare(position_.global_step);  // buckets launch during this backward
       {
         // The step averages its passes and the ranks: seeding backward with 1 / (passes x ranks)
         // makes the allreduce's sum the average, with no extra pass over the gradients.
@@ -381,10 +390,12 @@ class Trainer {
 
   // Per-step means over all ranks' steps; `wall_seconds` is this rank's time for its totals.steps.
   StepTimes mean_step_times(const StepTotals& t, double wall_seconds) {
-    double sums[6] = {t.data, t.compute, t.communication, t.optimizer, wall_seconds, static_cast<double>(t.steps)};
+    double sums[6] = {t.data,      t.compute,    t.communication,
+                      t.optimizer, wall_seconds, static_cast<double>(t.steps)};
     comm_.allreduce(std::span<double>(sums), distributed::ReduceOp::kSum, "allreduce of step times");
     const double per_step = 1.0 / std::max(sums[5], 1.0);
-    return {sums[0] * per_step, sums[1] * per_step, sums[2] * per_step, sums[3] * per_step, sums[4] * per_step};
+    return {sums[0] * per_step, sums[1] * per_step, sums[2] * per_step, sums[3] * per_step,
+            sums[4] * per_step};
   }
 
  public:
@@ -413,7 +424,8 @@ class Trainer {
       const double seconds = seconds_since(start);
       timed_seconds += seconds;
       double samples = static_cast<double>(timed.samples - samples_before);
-      comm_.allreduce(std::span<double>(&samples, 1), distributed::ReduceOp::kSum, "allreduce of benchmark samples");
+      comm_.allreduce(std::span<double>(&samples, 1), distributed::ReduceOp::kSum,
+                      "allreduce of benchmark samples");
       result.samples_per_sec_by_repetition.push_back(samples / seconds);
     }
     result.tensor_allocations = static_cast<int64_t>(storage_stats().fresh_allocations - allocations_before);
@@ -434,7 +446,8 @@ class Trainer {
   // Dropout masks follow from (seed, rank, step, pass): a resumed run draws the same ones.
   uint64_t dropout_stream(int64_t pass) const {
     return derive_seed(config_.seed, "dropout/rank" + std::to_string(world_.rank()) + "/step" +
-                                         std::to_string(position_.global_step) + "/pass" + std::to_string(pass));
+                                         std::to_string(position_.global_step) + "/pass" +
+                                         std::to_string(pass));
   }
 
   // Each rank evaluates a contiguous slice of the test set; the sums are combined across ranks.
@@ -458,7 +471,8 @@ class Trainer {
       if (!mse) correct += static_cast<double>(count_correct(output, batch_.labels));
     }
     double totals[2] = {loss_sum, correct};
-    comm_.allreduce(std::span<double>(totals), distributed::ReduceOp::kSum, "allreduce of evaluation metrics");
+    comm_.allreduce(std::span<double>(totals), distributed::ReduceOp::kSum,
+                    "allreduce of evaluation metrics");
     Evaluation e;
     e.loss = totals[0] / n;
     e.correct = static_cast<int64_t>(totals[1]);
@@ -488,7 +502,8 @@ class Trainer {
       });
       if (!found) {
         // Starting afresh would let the new run's checkpoints mix with these.
-        DPTRAIN_CHECK(rejected.empty(), "--resume auto: none of the ", rejected.size(), " checkpoint(s) in ", dir,
+        DPTRAIN_CHECK(rejected.empty(), "--resume auto: none of the ", rejected.size(), " checkpoint(s) in ",
+                      dir,
                       " can be used (reasons above); move them away or set checkpoint.dir to start afresh");
         std::printf("dptrain: --resume auto: no checkpoint in %s; starting fresh\n", dir.c_str());
         return;
@@ -502,12 +517,14 @@ class Trainer {
     optimizer_->set_steps_taken(c.position.optimizer_steps);
     resumed_ = true;
     const std::string written = c.meta("world_size") + " rank(s) x batch " + c.meta("batch_size");
-    const std::string now = std::to_string(world_.size()) + " rank(s) x batch " + std::to_string(config_.data.batch_size);
+    const std::string now =
+        std::to_string(world_.size()) + " rank(s) x batch " + std::to_string(config_.data.batch_size);
     std::printf("dptrain: resuming from %s: step %lld, epoch %lld at sample %lld of %lld (written on %s%s)\n",
                 c.path.c_str(), static_cast<long long>(c.position.global_step),
                 static_cast<long long>(c.position.epochs_completed + 1),
-                static_cast<long long>(c.position.epoch_samples_done), static_cast<long long>(train_set_.size),
-                written.c_str(), written == now ? "" : (", now " + now + ": same samples, lr rescaled").c_str());
+                static_cast<long long>(c.position.epoch_samples_done),
+                static_cast<long long>(train_set_.size), written.c_str(),
+                written == now ? "" : (", now " + now + ": same samples, lr rescaled").c_str());
     last_checkpoint_step_ = c.position.global_step;
   }
 
@@ -527,9 +544,10 @@ class Trainer {
     // A fresh run owns its output: left in place, an earlier run's higher-step checkpoints would be
     // what --resume auto picks later.
     for (const std::string& path : earlier) std::filesystem::remove(path);
-    std::printf("dptrain: starting fresh: removed %zu checkpoint(s) of an earlier run from %s (--resume auto "
-                "continues one instead)\n",
-                earlier.size(), config_.checkpoint.dir.c_str());
+    std::printf(
+        "dptrain: starting fresh: removed %zu checkpoint(s) of an earlier run from %s (--resume auto "
+        "continues one instead)\n",
+        earlier.size(), config_.checkpoint.dir.c_str());
   }
 
   void save_checkpoint() {
@@ -568,8 +586,8 @@ class Trainer {
     });
     prune_checkpoints(config_.checkpoint.dir, config_.checkpoint.keep);
     char line[512];
-    std::snprintf(line, sizeof line, "checkpoint: %s (%s, %.1f ms)", path.c_str(), megabytes(bytes.size()).c_str(),
-                  1e3 * seconds_since(start));
+    std::snprintf(line, sizeof line, "checkpoint: %s (%s, %.1f ms)", path.c_str(),
+                  megabytes(bytes.size()).c_str(), 1e3 * seconds_since(start));
     progress_.note(line);
   }
 
@@ -584,8 +602,9 @@ class Trainer {
 
   void announce() {
     if (!world_.is_root()) return;
-    std::printf("dptrain: %d rank(s), %d thread(s) per rank; parameters identical on %d rank(s) (checksum %016llx)\n",
-                world_.size(), omp_get_max_threads(), world_.size(), static_cast<unsigned long long>(checksum_));
+    std::printf(
+        "dptrain: %d rank(s), %d thread(s) per rank; parameters identical on %d rank(s) (checksum %016llx)\n",
+        world_.size(), omp_get_max_threads(), world_.size(), static_cast<unsigned long long>(checksum_));
     std::printf("model: %lld parameters\n%s", static_cast<long long>(layers::parameter_count(*model_)),
                 model_->describe().c_str());
     std::printf("data: %s, %lld training and %lld test samples; batch %lld per rank (%lld global)",
@@ -593,18 +612,22 @@ class Trainer {
                 static_cast<long long>(train_set_.size), static_cast<long long>(test_set_.size),
                 static_cast<long long>(config_.data.batch_size),
                 static_cast<long long>(config_.data.batch_size * world_.size() * passes_per_step_));
-    std::printf(", %lld steps per epoch\n",
-                static_cast<long long>((sampler_.steps_per_epoch() + passes_per_step_ - 1) / passes_per_step_));
+    std::printf(
+        ", %lld steps per epoch\n",
+        static_cast<long long>((sampler_.steps_per_epoch() + passes_per_step_ - 1) / passes_per_step_));
     if (world_.size() > 1) {
-      std::printf("gradients: %zu bucket(s), fusion threshold %g MiB, overlap %s, compression %s; lr %g scaled to %g\n",
-                  reducer_->buckets().size(), config_.distributed.fusion_threshold_mb,
-                  config_.distributed.overlap ? "on" : "off", config_.distributed.compression.c_str(),
-                  config_.optimizer.lr, schedule_->scaled_lr());
+      std::printf(
+          "gradients: %zu bucket(s), fusion threshold %g MiB, overlap %s, compression %s; lr %g scaled to "
+          "%g\n",
+          reducer_->buckets().size(), config_.distributed.fusion_threshold_mb,
+          config_.distributed.overlap ? "on" : "off", config_.distributed.compression.c_str(),
+          config_.optimizer.lr, schedule_->scaled_lr());
     }
     const CheckpointConfig& k = config_.checkpoint;
     std::string every;
     if (k.every_steps > 0) every = std::to_string(k.every_steps) + " step(s)";
-    if (k.every_epochs > 0) every += (every.empty() ? "" : " and ") + std::to_string(k.every_epochs) + " epoch(s)";
+    if (k.every_epochs > 0)
+      every += (every.empty() ? "" : " and ") + std::to_string(k.every_epochs) + " epoch(s)";
     std::printf("checkpoints: %s, %s%s, newest %s kept\n", k.dir.c_str(), every.empty() ? "" : "every ",
                 every.empty() ? "at the end only" : (every + " and at the end").c_str(),
                 k.keep > 0 ? std::to_string(k.keep).c_str() : "all");
@@ -617,10 +640,11 @@ class Trainer {
   void report(const EpochMetrics& m) {
     report_epoch_line(m);
     const StepTimes& t = m.step_times;
-    std::printf("  per step %.2f ms: data %.2f | compute %.2f | communication not overlapped %.2f | optimizer %.2f | "
-                "other %.2f (mean of %d rank(s))\n",
-                1e3 * t.total, 1e3 * t.data, 1e3 * t.compute, 1e3 * t.communication, 1e3 * t.optimizer,
-                1e3 * (t.total - t.data - t.compute - t.communication - t.optimizer), world_.size());
+    std::printf(
+        "  per step %.2f ms: data %.2f | compute %.2f | communication not overlapped %.2f | optimizer %.2f | "
+        "other %.2f (mean of %d rank(s))\n",
+        1e3 * t.total, 1e3 * t.data, 1e3 * t.compute, 1e3 * t.communication, 1e3 * t.optimizer,
+        1e3 * (t.total - t.data - t.compute - t.communication - t.optimizer), world_.size());
     std::fflush(stdout);
   }
 
@@ -632,11 +656,12 @@ class Trainer {
                   static_cast<long long>(m.epoch), m.train_loss, m.test_loss, m.samples_per_sec,
                   m.samples_per_sec_per_rank, m.epoch_seconds, resumed.c_str());
     } else {
-      std::printf("epoch %lld: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%% | %.0f samples/s (%.0f per "
-                  "rank), %.1f s%s\n",
-                  static_cast<long long>(m.epoch), m.train_loss, 100 * m.train_accuracy, m.test_loss,
-                  100 * m.test_accuracy, m.samples_per_sec, m.samples_per_sec_per_rank, m.epoch_seconds,
-                  resumed.c_str());
+      std::printf(
+          "epoch %lld: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%% | %.0f samples/s (%.0f per "
+          "rank), %.1f s%s\n",
+          static_cast<long long>(m.epoch), m.train_loss, 100 * m.train_accuracy, m.test_loss,
+          100 * m.test_accuracy, m.samples_per_sec, m.samples_per_sec_per_rank, m.epoch_seconds,
+          resumed.c_str());
     }
     std::fflush(stdout);
   }
@@ -688,8 +713,8 @@ class Trainer {
     for (std::size_t r = 0; r < tracks.size(); ++r) out << (r ? "," : "") << tracks[r];
     out << "]}\n";
     DPTRAIN_CHECK(out.good(), path.string(), ": write failed (disk full?)");
-    std::printf("timeline: %s (%.1f MB; open it in https://ui.perfetto.dev or chrome://tracing)\n", path.c_str(),
-                static_cast<double>(out.tellp()) / 1e6);
+    std::printf("timeline: %s (%.1f MB; open it in https://ui.perfetto.dev or chrome://tracing)\n",
+                path.c_str(), static_cast<double>(out.tellp()) / 1e6);
     std::fflush(stdout);
   }
 
@@ -728,21 +753,24 @@ void use_threads(const Config& config, const distributed::World& world) {
 
 }  // namespace
 
-std::vector<EpochMetrics> train(const Config& config, const distributed::World& world, const RunOptions& options) {
+std::vector<EpochMetrics> train(const Config& config, const distributed::World& world,
+                                const RunOptions& options) {
   use_threads(config, world);
   Trainer trainer(config, world);
   trainer.start(options);
   return trainer.run();
 }
 
-BenchmarkResult benchmark(const Config& config, const distributed::World& world, const BenchmarkOptions& options) {
+BenchmarkResult benchmark(const Config& config, const distributed::World& world,
+                          const BenchmarkOptions& options) {
   use_threads(config, world);
   Trainer trainer(config, world);
   trainer.start({});
   return trainer.benchmark(options);
 }
 
-Evaluation evaluate_checkpoint(const Config& config, const distributed::World& world, const std::string& checkpoint) {
+Evaluation evaluate_checkpoint(const Config& config, const distributed::World& world,
+                               const std::string& checkpoint) {
   use_threads(config, world);
   Trainer trainer(config, world);
   return trainer.evaluate_only(checkpoint);

@@ -17,16 +17,16 @@ struct StepTimes {
   double compute = 0;        // forward and backward, without the communication done inside backward
   double communication = 0;  // communication and averaging that did not overlap with compute
   double optimizer = 0;
-  double total = 0;          // wall time per step, including waits for slower ranks
+  double total = 0;  // wall time per step, including waits for slower ranks
 };
 
 struct EpochMetrics {
-  int64_t epoch = 0;  // 1-based
-  int64_t step = 0;   // optimizer steps taken so far
+  int64_t epoch = 0;                          // 1-based
+  int64_t step = 0;                           // optimizer steps taken so far
   double train_loss = 0, train_accuracy = 0;  // averaged over all ranks' samples
   double test_loss = 0, test_accuracy = 0;
   double samples_per_sec = 0, samples_per_sec_per_rank = 0, epoch_seconds = 0;
-  double lr = 0;  // at the end of the epoch
+  double lr = 0;               // at the end of the epoch
   bool stopped_early = false;  // training.max_steps ended this epoch
   int64_t first_sample = 0;    // > 0: a resumed epoch, begun at this sample of its permutation
   StepTimes step_times;
@@ -39,7 +39,8 @@ struct RunOptions {
 };
 
 // Runs the configured training on this process's world; returns one entry per (partial) epoch.
-std::vector<EpochMetrics> train(const Config& config, const distributed::World& world, const RunOptions& options = {});
+std::vector<EpochMetrics> train(const Config& config, const distributed::World& world,
+                                const RunOptions& options = {});
 
 struct BenchmarkOptions {
   int64_t warmup_steps = 20;
@@ -50,15 +51,16 @@ struct BenchmarkOptions {
 struct BenchmarkResult {
   double samples_per_sec = 0;  // all ranks together, median of the repetitions
   std::vector<double> samples_per_sec_by_repetition;
-  StepTimes step_times;  // over all repetitions
-  int64_t tensor_allocations = 0;  // fresh tensor buffers during the timed steps (rank 0)
+  StepTimes step_times;               // over all repetitions
+  int64_t tensor_allocations = 0;     // fresh tensor buffers during the timed steps (rank 0)
   std::vector<int64_t> bucket_bytes;  // the gradient buckets, in launch order
   double backward_fraction = 0;       // share of compute spent in backward (what overlap can hide behind)
 };
 
 // Runs the configured training's real steps (no evaluation, no checkpoints): `warmup_steps` untimed,
 // then `repetitions` x `timed_steps` timed, across epochs as needed. Writes the timeline if configured.
-BenchmarkResult benchmark(const Config& config, const distributed::World& world, const BenchmarkOptions& options);
+BenchmarkResult benchmark(const Config& config, const distributed::World& world,
+                          const BenchmarkOptions& options);
 
 struct Evaluation {
   double loss = 0, accuracy = 0;  // accuracy: classification only
@@ -67,6 +69,7 @@ struct Evaluation {
 
 // Loads the model weights of `checkpoint` (on rank 0, broadcast to the others) and evaluates the test
 // set, sharded over the ranks. Prints the result on rank 0.
-Evaluation evaluate_checkpoint(const Config& config, const distributed::World& world, const std::string& checkpoint);
+Evaluation evaluate_checkpoint(const Config& config, const distributed::World& world,
+                               const std::string& checkpoint);
 
 }  // namespace dptrain::trainer

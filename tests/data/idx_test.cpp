@@ -1,4 +1,6 @@
 // Tests for the IDX reader and the MNIST-layout loader, on small fixtures written per test.
+#include "data/idx.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -13,7 +15,6 @@
 
 #include "core/error.h"
 #include "data/dataset.h"
-#include "data/idx.h"
 
 #ifndef DPTRAIN_SOURCE_DIR  // set by tests/data/CMakeLists.txt
 #define DPTRAIN_SOURCE_DIR "."

@@ -1,4 +1,6 @@
 // Tests for ShardedSampler (equal steps, disjoint shards, coverage, determinism) and gather_batch.
+#include "data/sampler.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -7,7 +9,6 @@
 #include <vector>
 
 #include "core/error.h"
-#include "data/sampler.h"
 
 using dptrain::data::Dataset;
 using dptrain::data::ShardedSampler;
@@ -98,7 +99,8 @@ TEST(ShardedSampler, OneRankWithBatchNBEqualsNRanksWithBatchB) {
           ASSERT_EQ(shards[0].size(), big.size());
           for (std::size_t step = 0; step < big.size(); ++step) {
             std::vector<int64_t> joined;
-            for (int r = 0; r < world; ++r) joined.insert(joined.end(), shards[r][step].begin(), shards[r][step].end());
+            for (int r = 0; r < world; ++r)
+              joined.insert(joined.end(), shards[r][step].begin(), shards[r][step].end());
             EXPECT_EQ(joined, big[step]) << "step " << step;
           }
         }
@@ -121,7 +123,8 @@ TEST(ShardedSampler, ResumingAtAStepBoundaryReplaysTheRemainingSteps) {
             for (int64_t k = 1; k < straight.steps_per_epoch(); ++k) {
               ShardedSampler resumed(n, batch, r, world, 5, true, drop_last);
               resumed.set_epoch(1, straight.samples_before(k));
-              EXPECT_EQ(epoch_batches(resumed), Batches(whole.begin() + k, whole.end())) << "resumed at step " << k;
+              EXPECT_EQ(epoch_batches(resumed), Batches(whole.begin() + k, whole.end()))
+                  << "resumed at step " << k;
               EXPECT_EQ(resumed.samples_before(resumed.steps_per_epoch()),
                         straight.samples_before(straight.steps_per_epoch()));
             }
@@ -161,7 +164,8 @@ TEST(ShardedSampler, ResumingOnAnotherWorldSizeCoversTheRestOfTheEpochOnce) {
           const auto b = s.batch_indices(step);
           seen.insert(seen.end(), b.begin(), b.end());
         }
-      EXPECT_EQ(seen, std::vector<int64_t>(order.begin() + first, order.end())) << "world " << world << " first " << first;
+      EXPECT_EQ(seen, std::vector<int64_t>(order.begin() + first, order.end()))
+          << "world " << world << " first " << first;
     }
   ShardedSampler s(1000, 20, 0, 1, 11, true, false);
   EXPECT_THROW(s.set_epoch(0, 1000), dptrain::Error);
@@ -244,8 +248,9 @@ TEST(GatherBatch, CopiesSelectedSamples) {
 
   dptrain::data::gather_batch(ds, std::vector<int64_t>{0}, inputs.data(), labels.data(), nullptr);
   EXPECT_EQ(inputs[0], 0);
-  EXPECT_THROW(dptrain::data::gather_batch(ds, std::vector<int64_t>{4}, inputs.data(), labels.data(), nullptr),
-               dptrain::Error);
+  EXPECT_THROW(
+      dptrain::data::gather_batch(ds, std::vector<int64_t>{4}, inputs.data(), labels.data(), nullptr),
+      dptrain::Error);
   ds.targets.clear();
   EXPECT_THROW(dptrain::data::gather_batch(ds, idx, inputs.data(), labels.data(), targets.data()),
                dptrain::Error);

@@ -1,6 +1,9 @@
 // Building models from the config's layer list: names and shapes as PyTorch, initialisers and their
 // statistics, seeding, errors naming the key path, and loading weights by name.
+#include "layers/build.h"
+
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -9,14 +12,12 @@
 #include <initializer_list>
 #include <map>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "core/autograd.h"
 #include "core/config_reader.h"
 #include "core/error.h"
 #include "core/safetensors.h"
-#include "layers/build.h"
 #include "layers/module.h"
 
 namespace dptrain::layers {
@@ -34,7 +35,8 @@ std::unique_ptr<Sequential> build_mnist(uint64_t seed) {
 }
 
 std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("dptrain_layers_" + std::to_string(::getpid()) + "_" + name))
+  return (std::filesystem::temp_directory_path() /
+          ("dptrain_layers_" + std::to_string(::getpid()) + "_" + name))
       .string();
 }
 
@@ -47,7 +49,8 @@ void expect_error(F&& f, std::initializer_list<std::string> fragments) {
   } catch (const Error& e) {
     const std::string message = e.what();
     for (const std::string& fragment : fragments)
-      EXPECT_NE(message.find(fragment), std::string::npos) << "message lacks '" << fragment << "': " << message;
+      EXPECT_NE(message.find(fragment), std::string::npos)
+          << "message lacks '" << fragment << "': " << message;
   }
 }
 
@@ -56,7 +59,8 @@ TEST(BuildSequential, MnistCnnHasPyTorchNamesAndShapes) {
   const std::vector<NamedTensor> params = model->named_parameters();
   const std::vector<std::string> names{"0.weight", "0.bias", "3.weight", "3.bias",
                                        "7.weight", "7.bias", "9.weight", "9.bias"};
-  const std::vector<Shape> shapes{{32, 1, 3, 3}, {32}, {64, 32, 3, 3}, {64}, {64, 1600}, {64}, {10, 64}, {10}};
+  const std::vector<Shape> shapes{{32, 1, 3, 3}, {32}, {64, 32, 3, 3}, {64},
+                                  {64, 1600},    {64}, {10, 64},       {10}};
   ASSERT_EQ(params.size(), names.size());
   for (std::size_t i = 0; i < params.size(); ++i) {
     EXPECT_EQ(params[i].name, names[i]);
@@ -107,16 +111,19 @@ TEST(BuildSequential, SeedDeterminesValues) {
   const auto a = build_mnist(42), b = build_mnist(42), c = build_mnist(43);
   const auto pa = a->named_parameters(), pb = b->named_parameters(), pc = c->named_parameters();
   for (std::size_t i = 0; i < pa.size(); ++i) {
-    EXPECT_TRUE(std::equal(pa[i].tensor.values().begin(), pa[i].tensor.values().end(), pb[i].tensor.values().begin()))
+    EXPECT_TRUE(
+        std::equal(pa[i].tensor.values().begin(), pa[i].tensor.values().end(), pb[i].tensor.values().begin()))
         << pa[i].name << " differs between two builds with the same seed";
     int64_t same = 0;
-    for (int64_t k = 0; k < pa[i].tensor.numel(); ++k) same += pa[i].tensor.data()[k] == pc[i].tensor.data()[k];
+    for (int64_t k = 0; k < pa[i].tensor.numel(); ++k)
+      same += pa[i].tensor.data()[k] == pc[i].tensor.data()[k];
     EXPECT_LT(same, std::max<int64_t>(1, pa[i].tensor.numel() / 100)) << pa[i].name << " ignores the seed";
   }
   // Each parameter draws from its own stream: scaled to [-1, 1], 0.weight and 3.weight do not coincide.
   const double b0 = 1.0 / 3.0, b3 = 1.0 / std::sqrt(288.0);
   int coincide = 0;
-  for (int k = 0; k < 9; ++k) coincide += std::abs(pa[0].tensor.data()[k] / b0 - pa[2].tensor.data()[k] / b3) < 1e-5;
+  for (int k = 0; k < 9; ++k)
+    coincide += std::abs(pa[0].tensor.data()[k] / b0 - pa[2].tensor.data()[k] / b3) < 1e-5;
   EXPECT_LT(coincide, 9);
 }
 
@@ -145,7 +152,8 @@ TEST(BuildSequential, NamedInitializers) {
     }
     const double n = static_cast<double>(t.numel());
     EXPECT_GE(largest, bound * (1 - 10 / n)) << what;
-    EXPECT_NEAR(std::sqrt(sq / n), bound / std::sqrt(3.0), bound / std::sqrt(3.0) * 5 * 0.447 / std::sqrt(n)) << what;
+    EXPECT_NEAR(std::sqrt(sq / n), bound / std::sqrt(3.0), bound / std::sqrt(3.0) * 5 * 0.447 / std::sqrt(n))
+        << what;
   };
   // glorot (PyTorch's conv fans): fan_in = 2*3*3 = 18, fan_out = 4*3*3 = 36.
   check_uniform(params[0].tensor, std::sqrt(6.0 / (18 + 36)), "glorot conv");
@@ -181,8 +189,8 @@ TEST(BuildSequential, DropoutFollowsTrainingMode) {
 // Masks are a function of the stream seed alone (what makes resumed runs replay dropout exactly),
 // and two dropout layers draw independent masks from one stream seed.
 TEST(BuildSequential, DropoutMasksFollowTheStreamSeed) {
-  const auto model = build_sequential(Json::parse(R"([{"type": "dropout", "p": 0.5}, {"type": "dropout", "p": 0.5}])"),
-                                      {256}, 1);
+  const auto model = build_sequential(
+      Json::parse(R"([{"type": "dropout", "p": 0.5}, {"type": "dropout", "p": 0.5}])"), {256}, 1);
   const Tensor x = Tensor::full({1, 256}, 1.0f);
   NoGradGuard guard;
   const auto mask_of = [&](int layer, uint64_t stream) {
@@ -198,8 +206,11 @@ TEST(BuildSequential, DropoutMasksFollowTheStreamSeed) {
 }
 
 TEST(BuildSequentialErrors, UnknownLayerType) {
-  expect_error([] { build_sequential(Json::parse(R"([{"type": "convolution"}])"), {1, 28, 28}, 0); },
-               {"model.layers[0].type", "convolution", "not a layer type"});
+  expect_error(
+      [] {
+        build_sequential(Json::parse(R"([{"type": "convolution"}])"), {1, 28, 28}, 0);
+      },
+      {"model.layers[0].type", "convolution", "not a layer type"});
 }
 
 TEST(BuildSequentialErrors, UnknownKeyInALayer) {
@@ -215,8 +226,11 @@ TEST(BuildSequentialErrors, UnknownKeyInALayer) {
 }
 
 TEST(BuildSequentialErrors, DenseWithoutFlatten) {
-  expect_error([] { build_sequential(Json::parse(R"([{"type": "dense", "out_features": 10}])"), {1, 28, 28}, 0); },
-               {"model.layers[0]", "flatten"});
+  expect_error(
+      [] {
+        build_sequential(Json::parse(R"([{"type": "dense", "out_features": 10}])"), {1, 28, 28}, 0);
+      },
+      {"model.layers[0]", "flatten"});
   expect_error(
       [] {
         build_sequential(Json::parse(R"([{"type": "conv2d", "out_channels": 2, "kernel": 3},
@@ -227,31 +241,44 @@ TEST(BuildSequentialErrors, DenseWithoutFlatten) {
 }
 
 TEST(BuildSequentialErrors, MissingOutFeatures) {
-  expect_error([] { build_sequential(Json::parse(R"([{"type": "flatten"}, {"type": "dense"}])"), {1, 4, 4}, 0); },
-               {"model.layers[1].out_features", "missing"});
+  expect_error(
+      [] {
+        build_sequential(Json::parse(R"([{"type": "flatten"}, {"type": "dense"}])"), {1, 4, 4}, 0);
+      },
+      {"model.layers[1].out_features", "missing"});
 }
 
 TEST(BuildSequentialErrors, BadValues) {
   expect_error(
-      [] { build_sequential(Json::parse(R"([{"type": "flatten"}, {"type": "dense", "out_features": "10"}])"), {4}, 0); },
+      [] {
+        build_sequential(Json::parse(R"([{"type": "flatten"}, {"type": "dense", "out_features": "10"}])"),
+                         {4}, 0);
+      },
       {"model.layers[1].out_features", "expected an integer"});
   expect_error([] { build_sequential(Json::parse(R"([{"type": "dense", "out_features": 0}])"), {4}, 0); },
                {"model.layers[0].out_features", "out of range"});
   expect_error(
-      [] { build_sequential(Json::parse(R"([{"type": "conv2d", "out_channels": 2, "kernel": 30}])"), {1, 28, 28}, 0); },
+      [] {
+        build_sequential(Json::parse(R"([{"type": "conv2d", "out_channels": 2, "kernel": 30}])"), {1, 28, 28},
+                         0);
+      },
       {"model.layers[0]"});
   expect_error(
-      [] { build_sequential(Json::parse(R"([{"type": "dense", "out_features": 3, "weight_init": "xavier"}])"), {4}, 0); },
+      [] {
+        build_sequential(Json::parse(R"([{"type": "dense", "out_features": 3, "weight_init": "xavier"}])"),
+                         {4}, 0);
+      },
       {"model.layers[0].weight_init", "xavier"});
   expect_error(
       [] {
-        build_sequential(Json::parse(R"([{"type": "dense", "out_features": 3, "bias_init": "kaiming_uniform"}])"), {4},
-                         0);
+        build_sequential(
+            Json::parse(R"([{"type": "dense", "out_features": 3, "bias_init": "kaiming_uniform"}])"), {4}, 0);
       },
       {"model.layers[0].bias_init"});
   expect_error([] { build_sequential(Json::parse("[]"), {4}, 0); }, {"model.layers"});
   expect_error([] { build_sequential(Json::parse(R"({"type": "relu"})"), {4}, 0); }, {"model.layers"});
-  expect_error([] { build_sequential(Json::parse(R"([{"kernel": 3}])"), {4}, 0); }, {"model.layers[0].type", "missing"});
+  expect_error([] { build_sequential(Json::parse(R"([{"kernel": 3}])"), {4}, 0); },
+               {"model.layers[0].type", "missing"});
 }
 
 // ---- load_parameters ------------------------------------------------------------------------
@@ -264,7 +291,8 @@ TEST(LoadParameters, RoundTripThroughSafetensors) {
   std::filesystem::remove(path);
   const auto ps = source->named_parameters(), pt = target->named_parameters();
   for (std::size_t i = 0; i < ps.size(); ++i)
-    EXPECT_TRUE(std::equal(ps[i].tensor.values().begin(), ps[i].tensor.values().end(), pt[i].tensor.values().begin()))
+    EXPECT_TRUE(
+        std::equal(ps[i].tensor.values().begin(), ps[i].tensor.values().end(), pt[i].tensor.values().begin()))
         << ps[i].name;
   // The loaded values are in the parameters themselves (the model computes with them).
   NoGradGuard guard;

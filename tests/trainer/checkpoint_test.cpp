@@ -32,7 +32,8 @@ Tensor tensor_of(const Shape& shape, float first) {
 CheckpointData sample_data() {
   CheckpointData d;
   d.parameters = {{"0.weight", tensor_of({3, 2}, 1.0f)}, {"0.bias", tensor_of({3}, -2.0f)}};
-  d.optimizer_state = {{"0.weight.exp_avg", tensor_of({3, 2}, 0.5f)}, {"0.bias.exp_avg", tensor_of({3}, 7.0f)}};
+  d.optimizer_state = {{"0.weight.exp_avg", tensor_of({3, 2}, 0.5f)},
+                       {"0.bias.exp_avg", tensor_of({3}, 7.0f)}};
   d.position = {2, 640, 123, 4480, 123};
   d.metadata = {{"world_size", "2"}, {"batch_size", "32"}, {"config", R"({"seed":1})"}};
   return d;
@@ -50,16 +51,16 @@ void expect_equal(const std::vector<NamedTensor>& a, const std::vector<NamedTens
   for (std::size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(a[i].name, b[i].name);
     ASSERT_EQ(a[i].tensor.shape(), b[i].tensor.shape());
-    EXPECT_EQ(std::memcmp(a[i].tensor.data(), b[i].tensor.data(), a[i].tensor.numel() * sizeof(float)), 0) << a[i].name;
+    EXPECT_EQ(std::memcmp(a[i].tensor.data(), b[i].tensor.data(), a[i].tensor.numel() * sizeof(float)), 0)
+        << a[i].name;
   }
 }
 
 class CheckpointFiles : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("dptrain_ckpt_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() / ("dptrain_ckpt_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -86,7 +87,8 @@ class CheckpointFiles : public ::testing::Test {
     try {
       const Checkpoint c = read_checkpoint(p);
       if (parameters != nullptr) restore(c, *parameters, optimizer_state);
-      ADD_FAILURE() << "accepted a damaged checkpoint; expected an error mentioning '" << *fragments.begin() << "'";
+      ADD_FAILURE() << "accepted a damaged checkpoint; expected an error mentioning '" << *fragments.begin()
+                    << "'";
     } catch (const Error& e) {
       const std::string message = e.what();
       EXPECT_NE(message.find(p), std::string::npos) << "does not name the file: " << message;
@@ -97,7 +99,9 @@ class CheckpointFiles : public ::testing::Test {
   fs::path dir_;
 };
 
-std::vector<char> encoded() { return encode_checkpoint(sample_data()); }
+std::vector<char> encoded() {
+  return encode_checkpoint(sample_data());
+}
 
 uint64_t header_length(const std::vector<char>& bytes) {
   uint64_t n = 0;
@@ -135,7 +139,8 @@ TEST_F(CheckpointFiles, RoundTripsTensorsPositionAndMetadata) {
   ASSERT_NE(c.file.find("0.weight"), nullptr);
   ASSERT_NE(c.file.find("optimizer.0.weight.exp_avg"), nullptr);
 
-  const std::vector<NamedTensor> params = blank_like(data.parameters), state = blank_like(data.optimizer_state);
+  const std::vector<NamedTensor> params = blank_like(data.parameters),
+                                 state = blank_like(data.optimizer_state);
   restore(c, params, &state);
   expect_equal(params, data.parameters);
   expect_equal(state, data.optimizer_state);
@@ -216,7 +221,9 @@ TEST_F(CheckpointFiles, AutoFallsBackPastADamagedNewestCheckpoint) {
 
 TEST_F(CheckpointFiles, RejectsTruncatedFiles) {
   const std::vector<char> bytes = encoded();
-  const auto cut = [&](std::size_t n) { return std::vector<char>(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(n)); };
+  const auto cut = [&](std::size_t n) {
+    return std::vector<char>(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(n));
+  };
   expect_rejected(cut(0), {"shorter than the 8-byte header length"});
   expect_rejected(cut(5), {"shorter than the 8-byte header length"});
   expect_rejected(cut(8 + header_length(bytes) / 2), {"runs past the end of the file"});
@@ -252,7 +259,10 @@ TEST_F(CheckpointFiles, RejectsAHeaderThatIsNotJson) {
 }
 
 TEST_F(CheckpointFiles, RejectsOffsetsOutOfRangeOrOverlapping) {
-  expect_rejected(with_header(encoded(), [](json& h) { h["0.bias"]["data_offsets"] = {24, 1u << 30}; }),
+  expect_rejected(with_header(encoded(),
+                              [](json& h) {
+                                h["0.bias"]["data_offsets"] = {24, 1u << 30};
+                              }),
                   {"'0.bias'", "out of range"});
   expect_rejected(with_header(encoded(),
                               [](json& h) {
@@ -263,21 +273,25 @@ TEST_F(CheckpointFiles, RejectsOffsetsOutOfRangeOrOverlapping) {
 }
 
 TEST_F(CheckpointFiles, RejectsAWrongDtype) {
-  expect_rejected(with_header(encoded(), [](json& h) { h["0.weight"]["dtype"] = "F64"; }), {"'0.weight'", "dtype F64"});
+  expect_rejected(with_header(encoded(), [](json& h) { h["0.weight"]["dtype"] = "F64"; }),
+                  {"'0.weight'", "dtype F64"});
 }
 
 TEST_F(CheckpointFiles, RejectsAnotherFormatVersion) {
-  expect_rejected(with_header(encoded(), [](json& h) { h["__metadata__"]["dptrain_checkpoint_version"] = "2"; }),
-                  {"format version 2", "reads version 1"});
-  expect_rejected(with_header(encoded(), [](json& h) { h["__metadata__"].erase("dptrain_checkpoint_version"); }),
-                  {"'dptrain_checkpoint_version' is missing"});
+  expect_rejected(
+      with_header(encoded(), [](json& h) { h["__metadata__"]["dptrain_checkpoint_version"] = "2"; }),
+      {"format version 2", "reads version 1"});
+  expect_rejected(
+      with_header(encoded(), [](json& h) { h["__metadata__"].erase("dptrain_checkpoint_version"); }),
+      {"'dptrain_checkpoint_version' is missing"});
 }
 
 TEST_F(CheckpointFiles, RestoreRejectsAnotherModelOrOptimizerAndChangesNothing) {
   const CheckpointData data = sample_data();
   const std::vector<char> bytes = encode_checkpoint(data);
 
-  std::vector<NamedTensor> wider = {{"0.weight", Tensor::full({4, 2}, 3.0f)}, {"0.bias", Tensor::full({4}, 3.0f)}};
+  std::vector<NamedTensor> wider = {{"0.weight", Tensor::full({4, 2}, 3.0f)},
+                                    {"0.bias", Tensor::full({4}, 3.0f)}};
   expect_rejected(bytes, {"'0.weight'", "shape [3, 2]", "configured model's is [4, 2]"}, &wider);
   for (float v : wider[1].tensor.values()) EXPECT_EQ(v, 3.0f);  // untouched
 

@@ -2,7 +2,6 @@
 // stderr, "dptrain: error ...", naming the problem; --print-config prints the resolved JSON.
 // Runs the real binary (path from CMake) from the source directory, capturing stdout and stderr.
 #include <gtest/gtest.h>
-
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,11 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace {
 
@@ -34,15 +32,17 @@ std::string slurp(const std::string& path) {
 // Runs `trainer <args>` (args are shell words) in the source directory.
 RunResult run_trainer(const std::string& args) {
   static int counter = 0;
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("dptrain_cli_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      ("dptrain_cli_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
   std::filesystem::create_directories(dir);
   const std::string out = (dir / "stdout").string(), err = (dir / "stderr").string();
   // In a sanitizer build, LeakSanitizer would report Open MPI's allocations that are still live at
   // exit (none of them ours) and turn the exit status into 1; the child runs without leak detection.
   const std::string command = std::string("cd '") + DPTRAIN_SOURCE_DIR +
                               "' && ASAN_OPTIONS=\"${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0\" '" +
-                              DPTRAIN_TRAINER_PATH + "' " + args + " >'" + out + "' 2>'" + err + "' </dev/null";
+                              DPTRAIN_TRAINER_PATH + "' " + args + " >'" + out + "' 2>'" + err +
+                              "' </dev/null";
   const int status = std::system(command.c_str());
   RunResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -60,7 +60,8 @@ void expect_one_line_error(const std::string& args, std::initializer_list<std::s
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "stderr:\n" << r.err;
   EXPECT_TRUE(!r.err.empty() && r.err.back() == '\n') << "stderr:\n" << r.err;
   EXPECT_EQ(r.err.rfind("dptrain: error", 0), 0u) << "stderr:\n" << r.err;
-  for (const std::string& f : fragments) EXPECT_NE(r.err.find(f), std::string::npos) << "lacks '" << f << "': " << r.err;
+  for (const std::string& f : fragments)
+    EXPECT_NE(r.err.find(f), std::string::npos) << "lacks '" << f << "': " << r.err;
   EXPECT_TRUE(r.out.empty()) << "stdout:\n" << r.out;
 }
 
@@ -69,11 +70,13 @@ TEST(TrainerCli, MissingConfigFile) {
 }
 
 TEST(TrainerCli, ConfigThatIsNotJson) {
-  expect_one_line_error("--config tests/trainer/CMakeLists.txt", {"tests/trainer/CMakeLists.txt", "not valid JSON"});
+  expect_one_line_error("--config tests/trainer/CMakeLists.txt",
+                        {"tests/trainer/CMakeLists.txt", "not valid JSON"});
 }
 
 TEST(TrainerCli, UnknownKeyFromSet) {
-  expect_one_line_error("--config configs/mnist.json --set optimizer.lrr=1", {"optimizer.lrr", "not a known key"});
+  expect_one_line_error("--config configs/mnist.json --set optimizer.lrr=1",
+                        {"optimizer.lrr", "not a known key"});
 }
 
 TEST(TrainerCli, WrongTypeFromSet) {
@@ -87,11 +90,13 @@ TEST(TrainerCli, MalformedSet) {
 }
 
 TEST(TrainerCli, OutOfRangeFromSet) {
-  expect_one_line_error("--config configs/mnist.json --set data.batch_size=0", {"data.batch_size", "out of range"});
+  expect_one_line_error("--config configs/mnist.json --set data.batch_size=0",
+                        {"data.batch_size", "out of range"});
 }
 
 TEST(TrainerCli, PrintConfigPrintsResolvedJson) {
-  const RunResult r = run_trainer("--config configs/mnist.json --set optimizer.lr=0.5 --set training.epochs=2 --print-config");
+  const RunResult r = run_trainer(
+      "--config configs/mnist.json --set optimizer.lr=0.5 --set training.epochs=2 --print-config");
   ASSERT_EQ(r.exit_code, 0) << "stderr:\n" << r.err;
   EXPECT_TRUE(r.err.empty()) << "stderr:\n" << r.err;
   nlohmann::json j;
@@ -99,7 +104,7 @@ TEST(TrainerCli, PrintConfigPrintsResolvedJson) {
   EXPECT_EQ(j["seed"], 42);
   EXPECT_EQ(j["data"]["batch_size"], 128);
   EXPECT_EQ(j["data"]["eval_batch_size"], 1000);  // defaults filled in
-  EXPECT_EQ(j["optimizer"]["lr"], 0.5);            // both --set flags applied
+  EXPECT_EQ(j["optimizer"]["lr"], 0.5);           // both --set flags applied
   EXPECT_EQ(j["training"]["epochs"], 2);
   EXPECT_EQ(j["model"]["layers"].size(), 10u);
 }

@@ -1,19 +1,22 @@
 // Strict config parsing: the shipped configs parse; unknown keys, wrong types, out-of-range values
 // and bad choices are errors naming the key path; --set overrides.
+#include "trainer/config.h"
+
 #include <gtest/gtest.h>
 
 #include <initializer_list>
 #include <string>
 
 #include "core/error.h"
-#include "trainer/config.h"
 
 namespace dptrain::trainer {
 namespace {
 
 const std::string kSource = DPTRAIN_SOURCE_DIR;
 
-Json mnist() { return read_json_file(kSource + "/configs/mnist.json"); }
+Json mnist() {
+  return read_json_file(kSource + "/configs/mnist.json");
+}
 
 template <typename F>
 void expect_error(F&& f, std::initializer_list<std::string> fragments) {
@@ -23,7 +26,8 @@ void expect_error(F&& f, std::initializer_list<std::string> fragments) {
   } catch (const Error& e) {
     const std::string message = e.what();
     for (const std::string& fragment : fragments)
-      EXPECT_NE(message.find(fragment), std::string::npos) << "message lacks '" << fragment << "': " << message;
+      EXPECT_NE(message.find(fragment), std::string::npos)
+          << "message lacks '" << fragment << "': " << message;
     EXPECT_EQ(message.find('\n'), std::string::npos) << "error messages are one line: " << message;
   }
 }
@@ -62,7 +66,8 @@ TEST(ParseConfig, MnistMlp) {
 }
 
 TEST(ParseConfig, DefaultsForAMinimalConfig) {
-  const Config c = parse_config(Json::parse(R"({"model": {"input_shape": [4], "layers": [{"type": "relu"}]}})"));
+  const Config c =
+      parse_config(Json::parse(R"({"model": {"input_shape": [4], "layers": [{"type": "relu"}]}})"));
   EXPECT_EQ(c.seed, 0u);
   EXPECT_EQ(c.data.dir, "data/mnist");
   EXPECT_EQ(c.data.batch_size, 128);
@@ -221,7 +226,8 @@ TEST(ReadJsonFile, MissingFileAndSyntaxErrorNameTheFile) {
   expect_error([] { read_json_file(kSource + "/configs/no_such_config.json"); },
                {"no_such_config.json", "cannot open"});
   // A file that exists but is not JSON (this test's own CMakeLists).
-  expect_error([] { read_json_file(kSource + "/tests/trainer/CMakeLists.txt"); }, {"CMakeLists.txt", "not valid JSON"});
+  expect_error([] { read_json_file(kSource + "/tests/trainer/CMakeLists.txt"); },
+               {"CMakeLists.txt", "not valid JSON"});
 }
 
 // ---- apply_override -------------------------------------------------------------------------
