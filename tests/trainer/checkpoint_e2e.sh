@@ -11,7 +11,8 @@
 #   interrupted_write       rank 0 SIGKILLed half-way through writing a checkpoint: the previous one
 #                           still loads, --resume auto picks it, and the weights still match
 #   damaged_checkpoints     flipped byte, truncation, another model: auto reports each by name and
-#                           reason and falls back; an explicit PATH fails with one line
+#                           reason and falls back; an explicit PATH fails with one line; and
+#                           model.init_from takes a checkpoint's weights
 #   resume_other_world_size 2 ranks -> 1 and 1 -> 2: training continues from the same sample and
 #                           reaches the straight run's accuracy band
 #   pytorch_interop         scripts/checkpoint_to_pytorch.py's accuracy == trainer --evaluate's
@@ -129,6 +130,17 @@ case "$CASE" in
     RUN_DIR=run launch 2 other_model_auto "${RUN[@]}" "${WIDER[@]}" --resume auto
     [ "$RC" -ne 0 ] || fail "--resume auto started afresh among unusable checkpoints"
     grep -q "none of the .* checkpoint(s) in $dir can be used" other_model_auto.err || fail "$(cat other_model_auto.err)"
+
+    # model.init_from takes a checkpoint's weights (only those): after one step at lr 0 they are
+    # unchanged, so both checkpoints evaluate to the same loss and count.
+    source_ckpt=$dir/ckpt-00000032.safetensors
+    train 2 init_from "${RUN[@]}" --set training.max_steps=1 --set optimizer.lr=0 --set "model.init_from=\"$source_ckpt\""
+    launch 1 evaluate_source "${RUN[@]}" --evaluate "$source_ckpt"
+    launch 1 evaluate_init_from "${RUN[@]}" --evaluate "$(newest init_from)"
+    a=$(sed -n 's/.*: \(test loss .* correct\).*/\1/p' evaluate_source.out)
+    b=$(sed -n 's/.*: \(test loss .* correct\).*/\1/p' evaluate_init_from.out)
+    [ -n "$a" ] && [ "$a" = "$b" ] || fail "init_from a checkpoint: '$a' vs '$b'"
+    echo "  model.init_from a checkpoint evaluates as its source: $b)"
     ;;
 
   resume_other_world_size)
