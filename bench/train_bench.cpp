@@ -13,7 +13,6 @@
 
 #include "core/error.h"
 #include "distributed/world.h"
-#include "layers/build.h"
 #include "trainer/config.h"
 #include "trainer/train.h"
 
@@ -62,7 +61,6 @@ int main(int argc, char** argv) {
           "optimizer %.2f; tensor buffers allocated in timed steps: %lld\n",
           ms(t.total), world.size(), ms(t.data), ms(t.compute), ms(t.communication), ms(t.optimizer),
           static_cast<long long>(r.tensor_allocations));
-      const auto model = layers::build_sequential(config.model.layers, config.model.input_shape, config.seed);
       const Json result = {{"bench", "train"},
                            {"config", config_path},
                            {"ranks", world.size()},
@@ -71,7 +69,7 @@ int main(int argc, char** argv) {
                            {"compression", config.distributed.compression},
                            {"fusion_threshold_mb", config.distributed.fusion_threshold_mb},
                            {"overlap", config.distributed.overlap},
-                           {"parameters", layers::parameter_count(*model)},
+                           {"parameters", r.parameters},
                            {"samples_per_sec", r.samples_per_sec},
                            {"bucket_bytes", r.bucket_bytes},
                            {"backward_fraction", r.backward_fraction},

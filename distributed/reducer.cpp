@@ -127,12 +127,13 @@ void GradientReducer::prepare(int64_t step) {
 void GradientReducer::on_gradient_ready(std::size_t parameter) {
   if (!armed_) return;  // an accumulation pass (backward_passes_per_step > 1)
   ++ready_count_[bucket_of_[parameter]];
-  if (next_launch_ >= buckets_.size() ||
-      ready_count_[next_launch_] != buckets_[next_launch_].parameters.size())
-    return;
+  const auto next_is_complete = [&] {
+    return next_launch_ < buckets_.size() &&
+           ready_count_[next_launch_] == buckets_[next_launch_].parameters.size();
+  };
+  if (!next_is_complete()) return;  // most gradients: no clock read
   const auto start = std::chrono::steady_clock::now();
-  while (next_launch_ < buckets_.size() &&
-         ready_count_[next_launch_] == buckets_[next_launch_].parameters.size()) {
+  while (next_is_complete()) {
     // The last bucket has nothing left to overlap with: reducing it here saves the hand-off to the
     // communication thread (which shares this rank's core).
     const bool last = next_launch_ + 1 == buckets_.size();

@@ -194,13 +194,13 @@ def main():
     resnet_bytes = 4 * RESNET50_PARAMETERS
     models = [
         (f"MNIST CNN ({base['parameters']:,} parameters, {cnn_compute * 1e3:.1f} ms compute per step measured here)",
-         cnn_buckets, cnn_buckets, cnn_compute, step1_s - cnn_compute),
+         cnn_buckets, cnn_compute, step1_s - cnn_compute),
         (f"ResNet-50 (25.6 M parameters, {args.resnet_compute_ms:g} ms compute per step given)",
-         buckets_for(resnet_bytes, 4, 1), buckets_for(resnet_bytes, 4, 1), args.resnet_compute_ms / 1e3, 0.0),
+         buckets_for(resnet_bytes, 4, 1), args.resnet_compute_ms / 1e3, 0.0),
     ]
     print(f"\nextrapolation: ring allreduce over {args.link_gbit:g} Gbit/s links, {args.link_latency_us:g} us latency, "
           f"fusion 4 MiB (first bucket 1 MiB), backward {100 * backward_fraction:.0f}% of compute")
-    for name, buckets, _, compute_s, rest_s in models:
+    for name, buckets, compute_s, rest_s in models:
         print(name)
         print(f"  {'ranks':>5} {'comm fp32':>10} {'eff no overlap':>14} {'eff overlap':>11} {'eff overlap+fp16':>16}")
         one = compute_s + rest_s

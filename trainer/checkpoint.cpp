@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <utility>
 
 #include "core/error.h"
 
@@ -138,7 +139,11 @@ Checkpoint read_checkpoint(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   DPTRAIN_CHECK(in, path, ": cannot open checkpoint for reading");
   const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  Checkpoint c{path, {}, safetensors::parse(bytes, path)};
+  return validate_checkpoint(safetensors::parse(bytes, path), path);
+}
+
+Checkpoint validate_checkpoint(safetensors::File file, const std::string& path) {
+  Checkpoint c{path, {}, std::move(file)};
 
   const std::string& version = c.meta("dptrain_checkpoint_version");
   DPTRAIN_CHECK(version == std::to_string(kCheckpointFormatVersion), path, ": checkpoint format version ",
@@ -147,8 +152,8 @@ Checkpoint read_checkpoint(const std::string& path) {
                     computed_meta = hex32(crc_of_metadata(c.file.metadata));
   DPTRAIN_CHECK(stored_meta == computed_meta, path, ": metadata checksum mismatch (crc32 stored ",
                 stored_meta, ", computed ", computed_meta, "): the file is damaged");
-  std::vector<NamedTensor> in_offset_order = c.file.tensors;  // parse() keeps file (= data) order
-  const std::string stored = c.meta("crc32"), computed = hex32(crc_of_tensors({&in_offset_order}));
+  // parse() keeps file (= data) order, the order the checksum was computed in.
+  const std::string stored = c.meta("crc32"), computed = hex32(crc_of_tensors({&c.file.tensors}));
   DPTRAIN_CHECK(stored == computed, path, ": tensor data checksum mismatch (crc32 stored ", stored,
                 ", computed ", computed, "): the file is damaged");
 

@@ -58,6 +58,8 @@ void write_file_durably(const std::string& path, const std::vector<char>& bytes,
 // Reads and validates a checkpoint: safetensors structure, format version, data checksum and the
 // position entries. Every defect throws dptrain::Error naming the file and what is wrong.
 Checkpoint read_checkpoint(const std::string& path);
+// The same checks on a file already parsed from `path`.
+Checkpoint validate_checkpoint(safetensors::File file, const std::string& path);
 
 // Copies the checkpoint's tensors into `parameters` and (unless null) `optimizer_state`, after
 // checking that names and shapes match exactly: a checkpoint of another model or optimizer throws,

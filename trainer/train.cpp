@@ -266,6 +266,50 @@ class Trainer {
     return e;
   }
 
+  BenchmarkResult benchmark(const BenchmarkOptions& options) {
+    model_->set_training(true);
+    int64_t epoch = 0, step = 0, steps = 0;
+    const auto next_step = [&](StepTotals& totals) {
+      if (step == steps) {
+        sampler_.set_epoch(epoch++);
+        steps = (sampler_.steps_per_epoch() + passes_per_step_ - 1) / passes_per_step_;
+        step = 0;
+      }
+      train_step(epoch, step++, totals);
+    };
+    StepTotals warmup, timed;
+    for (int64_t i = 0; i < options.warmup_steps; ++i) next_step(warmup);
+    BenchmarkResult result;
+    const std::size_t allocations_before = storage_stats().fresh_allocations;
+    double timed_seconds = 0;
+    for (int64_t r = 0; r < options.repetitions; ++r) {
+      comm_.barrier("barrier before the timed steps");
+      const auto start = Clock::now();
+      const int64_t samples_before = timed.samples;
+      for (int64_t i = 0; i < options.timed_steps; ++i) next_step(timed);
+      comm_.barrier("barrier after the timed steps");  // the slowest rank sets the time
+      const double seconds = seconds_since(start);
+      timed_seconds += seconds;
+      double samples = static_cast<double>(timed.samples - samples_before);
+      comm_.allreduce(std::span<double>(&samples, 1), distributed::ReduceOp::kSum,
+                      "allreduce of benchmark samples");
+      result.samples_per_sec_by_repetition.push_back(samples / seconds);
+    }
+    result.tensor_allocations = static_cast<int64_t>(storage_stats().fresh_allocations - allocations_before);
+    result.parameters = layers::parameter_count(*model_);
+    for (const distributed::Bucket& b : reducer_->buckets())
+      result.bucket_bytes.push_back(b.numel * static_cast<int64_t>(sizeof(float)));
+    double backward[2] = {timed.backward, timed.forward + timed.backward};
+    comm_.allreduce(std::span<double>(backward), distributed::ReduceOp::kSum, "allreduce of backward time");
+    result.backward_fraction = backward[0] / std::max(backward[1], 1e-12);
+    result.step_times = mean_step_times(timed, timed_seconds);
+    std::vector<double> sorted = result.samples_per_sec_by_repetition;
+    std::sort(sorted.begin(), sorted.end());
+    result.samples_per_sec = sorted.empty() ? 0.0 : sorted[sorted.size() / 2];
+    write_timeline();
+    return result;
+  }
+
  private:
   bool step_limit_reached() const {
     return config_.training.max_steps > 0 && position_.global_step >= config_.training.max_steps;
@@ -275,8 +319,7 @@ class Trainer {
   struct StepTotals {
     double loss_sum = 0;
     int64_t correct = 0, samples = 0, steps = 0;
-    double data = 0, compute = 0, communication = 0, optimizer = 0;  // seconds
-    double backward = 0;                                             // the part of compute spent in backward
+    double data = 0, forward = 0, backward = 0, communication = 0, optimizer = 0;  // seconds
   };
 
   EpochMetrics train_epoch(int64_t epoch) {
@@ -344,7 +387,7 @@ class Trainer {
       model_->reseed(dropout_stream(pass));
       Tensor output, loss;
       {
-        Phase phase(totals.compute, "forward");
+        Phase phase(totals.forward, "forward");
         output = model_->forward(batch_.inputs);
         loss = config_.model.loss == "mse" ? ops::mse(output, batch_.targets)
                                            : ops::cross_entropy(output, batch_.labels);
@@ -354,12 +397,8 @@ class Trainer {
       {
         // The step averages its passes and the ranks: seeding backward with 1 / (passes x ranks)
         // makes the allreduce's sum the average, with no extra pass over the gradients.
-        const double before = totals.compute;
-        {
-          Phase phase(totals.compute, "backward");
-          loss.backward(1.0f / static_cast<float>(passes * world_.size()));
-        }
-        totals.backward += totals.compute - before;
+        Phase phase(totals.backward, "backward");
+        loss.backward(1.0f / static_cast<float>(passes * world_.size()));
       }
       const int64_t n = batch_.inputs.dim(0);
       totals.loss_sum += static_cast<double>(loss.item()) * n;
@@ -372,7 +411,6 @@ class Trainer {
     }
     // Buckets reduced from inside backward (compression, the last bucket) count as communication.
     const double in_backward = reducer_->take_times().in_backward_s;
-    totals.compute -= in_backward;
     totals.backward -= in_backward;
     totals.communication += in_backward;
     {
@@ -390,59 +428,14 @@ class Trainer {
 
   // Per-step means over all ranks' steps; `wall_seconds` is this rank's time for its totals.steps.
   StepTimes mean_step_times(const StepTotals& t, double wall_seconds) {
-    double sums[6] = {t.data,      t.compute,    t.communication,
-                      t.optimizer, wall_seconds, static_cast<double>(t.steps)};
+    double sums[6] = {t.data,      t.forward + t.backward, t.communication,
+                      t.optimizer, wall_seconds,           static_cast<double>(t.steps)};
     comm_.allreduce(std::span<double>(sums), distributed::ReduceOp::kSum, "allreduce of step times");
     const double per_step = 1.0 / std::max(sums[5], 1.0);
     return {sums[0] * per_step, sums[1] * per_step, sums[2] * per_step, sums[3] * per_step,
             sums[4] * per_step};
   }
 
- public:
-  BenchmarkResult benchmark(const BenchmarkOptions& options) {
-    model_->set_training(true);
-    int64_t epoch = 0, step = 0, steps = 0;
-    const auto next_step = [&](StepTotals& totals) {
-      if (step == steps) {
-        sampler_.set_epoch(epoch++);
-        steps = (sampler_.steps_per_epoch() + passes_per_step_ - 1) / passes_per_step_;
-        step = 0;
-      }
-      train_step(epoch, step++, totals);
-    };
-    StepTotals warmup, timed;
-    for (int64_t i = 0; i < options.warmup_steps; ++i) next_step(warmup);
-    BenchmarkResult result;
-    const std::size_t allocations_before = storage_stats().fresh_allocations;
-    double timed_seconds = 0;
-    for (int64_t r = 0; r < options.repetitions; ++r) {
-      comm_.barrier("barrier before the timed steps");
-      const auto start = Clock::now();
-      const int64_t samples_before = timed.samples;
-      for (int64_t i = 0; i < options.timed_steps; ++i) next_step(timed);
-      comm_.barrier("barrier after the timed steps");  // the slowest rank sets the time
-      const double seconds = seconds_since(start);
-      timed_seconds += seconds;
-      double samples = static_cast<double>(timed.samples - samples_before);
-      comm_.allreduce(std::span<double>(&samples, 1), distributed::ReduceOp::kSum,
-                      "allreduce of benchmark samples");
-      result.samples_per_sec_by_repetition.push_back(samples / seconds);
-    }
-    result.tensor_allocations = static_cast<int64_t>(storage_stats().fresh_allocations - allocations_before);
-    for (const distributed::Bucket& b : reducer_->buckets())
-      result.bucket_bytes.push_back(b.numel * static_cast<int64_t>(sizeof(float)));
-    double backward[2] = {timed.backward, timed.compute};
-    comm_.allreduce(std::span<double>(backward), distributed::ReduceOp::kSum, "allreduce of backward time");
-    result.backward_fraction = backward[0] / std::max(backward[1], 1e-12);
-    result.step_times = mean_step_times(timed, timed_seconds);
-    std::vector<double> sorted = result.samples_per_sec_by_repetition;
-    std::sort(sorted.begin(), sorted.end());
-    result.samples_per_sec = sorted.empty() ? 0.0 : sorted[sorted.size() / 2];
-    write_timeline();
-    return result;
-  }
-
- private:
   // Dropout masks follow from (seed, rank, step, pass): a resumed run draws the same ones.
   uint64_t dropout_stream(int64_t pass) const {
     return derive_seed(config_.seed, "dropout/rank" + std::to_string(world_.rank()) + "/step" +
@@ -530,9 +523,9 @@ class Trainer {
 
   // model.init_from: weights only, from a checkpoint (validated) or a plain safetensors file.
   void init_from(const std::string& path) {
-    const safetensors::File file = safetensors::load(path);
+    safetensors::File file = safetensors::load(path);
     if (file.metadata.contains("dptrain_checkpoint_version")) {
-      restore(read_checkpoint(path), model_->named_parameters(), nullptr);
+      restore(validate_checkpoint(std::move(file), path), model_->named_parameters(), nullptr);
     } else {
       layers::load_parameters(*model_, file, path);
     }

@@ -51,8 +51,9 @@ struct BenchmarkOptions {
 struct BenchmarkResult {
   double samples_per_sec = 0;  // all ranks together, median of the repetitions
   std::vector<double> samples_per_sec_by_repetition;
-  StepTimes step_times;               // over all repetitions
-  int64_t tensor_allocations = 0;     // fresh tensor buffers during the timed steps (rank 0)
+  StepTimes step_times;            // over all repetitions
+  int64_t tensor_allocations = 0;  // fresh tensor buffers during the timed steps (rank 0)
+  int64_t parameters = 0;
   std::vector<int64_t> bucket_bytes;  // the gradient buckets, in launch order
   double backward_fraction = 0;       // share of compute spent in backward (what overlap can hide behind)
 };
