@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
-  // One line per row for scripts (scripts/scaling_model.py fits latency and bandwidth to these).
+  // One line per row for scripts (bench/scaling_model fits latency and bandwidth to these).
   for (const Result& r : results)
     std::printf(
         "RESULT {\"bench\": \"allreduce\", \"ranks\": %d, \"what\": \"%s\", \"bytes\": %.0f, \"raw_s\": "

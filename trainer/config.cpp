@@ -128,6 +128,11 @@ Config parse_config(const Json& json) {
     TrainingConfig& t = c.training;
     t.epochs = r.get_in_range<int64_t>("epochs", t.epochs, 1, 1 << 20);
     t.max_steps = r.get_in_range<int64_t>("max_steps", t.max_steps, 0, INT64_MAX);
+    const std::string progress = r.get_choice("progress", "auto", {"auto", "bar", "lines", "off"});
+    t.progress = progress == "bar"     ? ProgressMode::kBar
+                 : progress == "lines" ? ProgressMode::kLines
+                 : progress == "off"   ? ProgressMode::kOff
+                                       : ProgressMode::kAuto;
     t.log_every_steps = r.get_in_range<int64_t>("log_every_steps", t.log_every_steps, 1, INT64_MAX);
     r.finish();
   }
@@ -195,6 +200,7 @@ Json to_json(const Config& c) {
       {"training",
        {{"epochs", c.training.epochs},
         {"max_steps", c.training.max_steps},
+        {"progress", to_string(c.training.progress)},
         {"log_every_steps", c.training.log_every_steps}}},
       {"distributed",
        {{"fusion_threshold_mb", c.distributed.fusion_threshold_mb},

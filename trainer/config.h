@@ -8,6 +8,7 @@
 
 #include "core/config_reader.h"
 #include "core/tensor.h"
+#include "trainer/progress.h"
 
 namespace dptrain::trainer {
 
@@ -70,8 +71,9 @@ struct DistributedConfig {
 
 struct TrainingConfig {
   int64_t epochs = 1;
-  int64_t max_steps = 0;          // 0: no limit
-  int64_t log_every_steps = 100;  // plain-line progress when stdout is not a terminal
+  int64_t max_steps = 0;                        // 0: no limit
+  ProgressMode progress = ProgressMode::kAuto;  // "auto" | "bar" | "lines" | "off"
+  int64_t log_every_steps = 100;                // interval of the plain-line progress
 };
 
 struct CheckpointConfig {

@@ -1,23 +1,82 @@
-// Progress bar and log lines.
+// Progress bar and log lines, and where each belongs.
 #include "trainer/progress.h"
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
 
 namespace dptrain::trainer {
 namespace {
+
 std::string accuracy_text(double accuracy) {
   if (accuracy < 0) return "";
   char text[32];
   std::snprintf(text, sizeof text, " acc %.2f%%", 100.0 * accuracy);
   return text;
 }
+
+bool any_env(std::initializer_list<const char*> names) {
+  return std::any_of(names.begin(), names.end(),
+                     [](const char* name) { return std::getenv(name) != nullptr; });
+}
+
+bool is_terminal_device(const std::string& path) {
+  return path.starts_with("/dev/pts/") || path.starts_with("/dev/tty");
+}
+
+// Where the launcher that started this process (its parent: mpirun, or orted on remote hosts)
+// writes: a launcher gives its ranks a pseudo-terminal whatever its own stdout is.
+bool launcher_writes_to_terminal() {
+  std::ifstream stat("/proc/self/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  // Fields after the command name (which may hold spaces and parentheses): state, ppid, ...
+  const std::size_t close = text.rfind(')');
+  if (close == std::string::npos) return false;
+  char state = 0;
+  long parent = 0;
+  if (std::sscanf(text.c_str() + close + 1, " %c %ld", &state, &parent) != 2 || parent <= 1) return false;
+  char target[256];
+  const std::string link = "/proc/" + std::to_string(parent) + "/fd/1";
+  const ssize_t n = readlink(link.c_str(), target, sizeof target - 1);
+  if (n <= 0) return false;  // not ours to read (another user's launcher): assume a log
+  return is_terminal_device(std::string(target, static_cast<std::size_t>(n)));
+}
+
 }  // namespace
 
-Progress::Progress(bool enabled, int64_t log_every_steps)
-    : enabled_(enabled), terminal_(enabled && isatty(STDOUT_FILENO)), log_every_steps_(log_every_steps) {}
+ProgressMode resolve_progress_mode(ProgressMode configured) {
+  if (configured != ProgressMode::kAuto) return configured;
+  if (!isatty(STDOUT_FILENO)) return ProgressMode::kLines;
+  // Batch systems keep the output in files, whatever terminal the job itself sees.
+  if (any_env({"SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID"})) return ProgressMode::kLines;
+  const bool under_mpi_launcher =
+      any_env({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "MPI_LOCALRANKID"});
+  if (under_mpi_launcher && !launcher_writes_to_terminal()) return ProgressMode::kLines;
+  return ProgressMode::kBar;
+}
+
+std::string to_string(ProgressMode mode) {
+  switch (mode) {
+    case ProgressMode::kBar:
+      return "bar";
+    case ProgressMode::kLines:
+      return "lines";
+    case ProgressMode::kOff:
+      return "off";
+    case ProgressMode::kAuto:
+      break;
+  }
+  return "auto";
+}
+
+Progress::Progress(bool enabled, ProgressMode mode, int64_t log_every_steps)
+    : enabled_(enabled),
+      mode_(enabled ? resolve_progress_mode(mode) : ProgressMode::kOff),
+      log_every_steps_(log_every_steps) {}
 
 void Progress::begin_epoch(int64_t epoch, int64_t epochs, int64_t steps) {
   epoch_ = epoch;
@@ -26,9 +85,8 @@ void Progress::begin_epoch(int64_t epoch, int64_t epochs, int64_t steps) {
 }
 
 void Progress::update(int64_t step, double loss, double accuracy, double samples_per_sec) {
-  if (!enabled_) return;
   const int64_t done = step + 1;
-  if (terminal_) {
+  if (mode_ == ProgressMode::kBar) {
     const auto now = std::chrono::steady_clock::now();
     if (done != steps_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
     last_draw_ = now;
@@ -41,7 +99,7 @@ void Progress::update(int64_t step, double loss, double accuracy, double samples
                 static_cast<long long>(done), static_cast<long long>(steps_), loss,
                 accuracy_text(accuracy).c_str(), samples_per_sec);
     std::fflush(stdout);
-  } else if (done % log_every_steps_ == 0 || done == steps_) {
+  } else if (mode_ == ProgressMode::kLines && (done % log_every_steps_ == 0 || done == steps_)) {
     std::printf("epoch %lld/%lld step %lld/%lld loss %.4f%s %.0f samples/s\n", static_cast<long long>(epoch_),
                 static_cast<long long>(epochs_), static_cast<long long>(done), static_cast<long long>(steps_),
                 loss, accuracy_text(accuracy).c_str(), samples_per_sec);
@@ -51,13 +109,13 @@ void Progress::update(int64_t step, double loss, double accuracy, double samples
 
 void Progress::note(const std::string& line) {
   if (!enabled_) return;
-  std::printf("%s%s\n", terminal_ ? "\r\x1b[K" : "", line.c_str());
+  std::printf("%s%s\n", mode_ == ProgressMode::kBar ? "\r\x1b[K" : "", line.c_str());
   std::fflush(stdout);
   last_draw_ = {};  // redraw the bar at the next update
 }
 
 void Progress::end_epoch() {
-  if (terminal_) std::printf("\n");
+  if (mode_ == ProgressMode::kBar) std::printf("\n");
 }
 
 }  // namespace dptrain::trainer

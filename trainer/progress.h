@@ -1,4 +1,4 @@
-// Progress reporting on rank 0: a live bar on a terminal, plain periodic lines otherwise.
+// Progress reporting on rank 0: a live bar on a terminal, plain periodic lines in logs and batch jobs.
 #pragma once
 
 #include <chrono>
@@ -7,18 +7,30 @@
 
 namespace dptrain::trainer {
 
+// training.progress: "auto" picks kBar on a terminal and kLines otherwise (see resolve_progress_mode).
+enum class ProgressMode { kAuto, kBar, kLines, kOff };
+
+// kBar or kLines (kOff stays kOff) for this process. kAuto gives kLines when stdout is not a terminal,
+// under a batch system (Slurm, PBS, LSF, Flux) and under an MPI launcher whose own stdout is not a
+// terminal: mpirun hands its ranks a pseudo-terminal even when its output goes to a file.
+ProgressMode resolve_progress_mode(ProgressMode configured);
+std::string to_string(ProgressMode mode);
+
 class Progress {
  public:
-  Progress(bool enabled, int64_t log_every_steps);
+  // `enabled`: this rank reports (rank 0); the others print nothing.
+  Progress(bool enabled, ProgressMode mode, int64_t log_every_steps);
   void begin_epoch(int64_t epoch, int64_t epochs, int64_t steps);
   // Running means over the epoch so far; accuracy < 0 means "not a classifier" and is not shown.
   void update(int64_t step, double loss, double accuracy, double samples_per_sec);
   void end_epoch();
-  // A line of its own (e.g. "checkpoint written"), below the bar rather than through it.
+  // A line of its own (e.g. "checkpoint written"), below the bar rather than through it; printed in
+  // every mode but on ranks that do not report.
   void note(const std::string& line);
 
  private:
-  bool enabled_, terminal_;
+  bool enabled_;
+  ProgressMode mode_;  // kBar, kLines or kOff once resolved
   int64_t log_every_steps_;
   int64_t epoch_ = 0, epochs_ = 0, steps_ = 0;
   std::chrono::steady_clock::time_point last_draw_{};

@@ -164,7 +164,7 @@ class Trainer {
         sampler_(train_set_.size, config.data.batch_size, world.rank(), world.size(), config.seed,
                  config.data.shuffle, config.data.drop_last),
         passes_per_step_(config.distributed.backward_passes_per_step),
-        progress_(world.is_root(), config.training.log_every_steps),
+        progress_(world.is_root(), config.training.progress, config.training.log_every_steps),
         fault_(injected_fault()) {
     DPTRAIN_CHECK(config.model.input_shape == train_set_.sample_shape,
                   "config key model.input_shape = ", shape_str(config.model.input_shape),

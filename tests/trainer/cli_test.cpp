@@ -211,3 +211,22 @@ TEST_F(TrainerCliData, EvaluateAndResumeExcludeEachOther) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("excludes"), std::string::npos) << r.err;
 }
+
+// training.progress: what each mode prints into a file (this test's stdout is one).
+TEST_F(TrainerCliData, ProgressModes) {
+  const auto run = [&](const std::string& mode) {
+    const RunResult r = run_trainer(args() + " --set training.progress=" + mode);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return r.out;
+  };
+  const std::string lines = run("lines"), bar = run("bar"), off = run("off"), automatic = run("auto");
+  EXPECT_EQ(lines.find('\r'), std::string::npos) << lines;
+  EXPECT_NE(lines.find("step 1/1 loss"), std::string::npos) << lines;
+  EXPECT_NE(bar.find("\repoch 1/5 [==="), std::string::npos) << bar;
+  EXPECT_EQ(off.find('\r'), std::string::npos) << off;
+  EXPECT_EQ(off.find("step 1/1"), std::string::npos) << off;
+  EXPECT_NE(off.find("epoch 1: train loss"), std::string::npos) << "epoch summaries stay: " << off;
+  EXPECT_EQ(automatic.find('\r'), std::string::npos)
+      << "auto, writing to a file, prints lines: " << automatic;
+  EXPECT_NE(automatic.find("step 1/1 loss"), std::string::npos) << automatic;
+}

@@ -74,6 +74,7 @@ TEST(ParseConfig, DefaultsForAMinimalConfig) {
   EXPECT_EQ(c.optimizer.type, "adam");
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
   EXPECT_EQ(c.training.epochs, 1);
+  EXPECT_EQ(c.training.progress, ProgressMode::kAuto);
   // Type-dependent defaults.
   Config sgd = parse_config(Json::parse(R"({"model": {"input_shape": [4], "layers": [{"type": "relu"}]},
                                              "optimizer": {"type": "sgd"}})"));
@@ -202,6 +203,9 @@ TEST(ConfigErrors, BadChoice) {
   Json l = mnist();
   l["model"]["loss"] = "hinge";
   expect_config_error(l, {"model.loss", "hinge"});
+  Json p = mnist();
+  p["training"]["progress"] = "spinner";
+  expect_config_error(p, {"training.progress", "spinner", "\"lines\""});
 }
 
 TEST(ConfigErrors, InconsistentOptimizerKeys) {
