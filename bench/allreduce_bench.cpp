@@ -17,7 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "core/ops.h"
+#include "core/error.h"
+#include "core/parameters.h"
+#include "distributed/mpi_communicator.h"
 #include "distributed/reducer.h"
 #include "distributed/world.h"
 
@@ -69,7 +71,7 @@ int main(int argc, char** argv) {
   app.add_option("--fusion-mb", fusion_mb, "distributed.fusion_threshold_mb for our reducer");
   CLI11_PARSE(app, argc, argv);
   World world(&argc, &argv);
-  Communicator comm(MPI_COMM_WORLD);
+  MpiCommunicator comm(world);
 
   struct Result {
     std::string what;
@@ -89,25 +91,31 @@ int main(int argc, char** argv) {
                 "ours us", "ratio", "ratio no-chk", "fp16 us", "fp16/32", "bf16/32");
   }
   for (const Row& row : rows) {
-    std::vector<NamedTensor> params;
+    std::vector<NamedTensor> tensors;
     int64_t total = 0;
     for (std::size_t i = 0; i < row.tensor_sizes.size(); ++i) {
       Tensor t = Tensor::full({row.tensor_sizes[i]}, 0.001f * (world.rank() + 1), true);
-      params.push_back({"p" + std::to_string(i), t});
+      tensors.push_back({"p" + std::to_string(i), t});
       total += row.tensor_sizes[i];
     }
+    const FlatParameters params(tensors, Device::cpu());
     std::vector<float> raw(total, 0.001f);
     const double raw_s = time_call(
         [&] {
-          DPTRAIN_MPI_CHECK(
-              MPI_Allreduce(MPI_IN_PLACE, raw.data(), total, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+          DPTRAIN_CHECK(MPI_Allreduce(MPI_IN_PLACE, raw.data(), total, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD) ==
+                            MPI_SUCCESS,
+                        "MPI_Allreduce of ", total, " floats failed");
         },
         seconds);
     // As the trainer runs it: gradients pre-divided by N in backward (free), so finish() only sums
     // and checks that every average is finite.
     auto reduce_with = [&](Compression compression, bool check_finite = true) {
       GradientReducer reducer(comm, params,
-                              {fusion_mb, 1, false, compression, /*gradients_prescaled=*/true, check_finite});
+                              {.fusion_threshold_mb = fusion_mb,
+                               .first_bucket_mb = 1,
+                               .overlap = false,
+                               .compression = compression,
+                               .check_finite = check_finite});
       return time_call(
           [&] {
             reducer.prepare(0);

@@ -54,7 +54,8 @@ int main(int argc, char** argv) {
           "%s, %d rank(s) x batch %lld, %d thread(s) per rank, compression %s, fusion %g MiB: median %.0f "
           "samples/s\n",
           config_path.c_str(), world.size(), static_cast<long long>(config.data.batch_size), threads,
-          config.distributed.compression.c_str(), config.distributed.fusion_threshold_mb, r.samples_per_sec);
+          distributed::to_string(config.distributed.compression).c_str(),
+          config.distributed.fusion_threshold_mb, r.samples_per_sec);
       std::printf(
           "per step %.2f ms (mean of %d rank(s)): data %.2f, compute %.2f, communication not overlapped "
           "%.2f, "
@@ -66,7 +67,7 @@ int main(int argc, char** argv) {
                            {"ranks", world.size()},
                            {"batch", config.data.batch_size},
                            {"threads", threads},
-                           {"compression", config.distributed.compression},
+                           {"compression", distributed::to_string(config.distributed.compression)},
                            {"fusion_threshold_mb", config.distributed.fusion_threshold_mb},
                            {"overlap", config.distributed.overlap},
                            {"parameters", r.parameters},

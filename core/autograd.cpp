@@ -1,9 +1,12 @@
 // The per-thread tape behind reverse-mode autodiff.
 #include "core/autograd.h"
 
+#include <memory>
 #include <vector>
 
+#include "core/backend.h"
 #include "core/error.h"
+#include "core/tensor_access.h"
 
 namespace dptrain {
 namespace {
@@ -11,8 +14,8 @@ namespace {
 struct TapeEntry {
   std::function<void()> backward;
   TensorImpl* output;  // kept alive by the closure
-  // Leaf inputs with a grad-ready hook: after this entry runs they owe one use less.
-  std::vector<TensorImpl*> hooked_leaves;
+  // Leaf inputs with gradient-ready hooks: after this entry runs they owe one use less.
+  std::vector<std::shared_ptr<TensorImpl>> hooked_leaves;
 };
 
 struct Tape {
@@ -22,12 +25,38 @@ struct Tape {
 
 thread_local Tape tape;
 
+void replay() {
+  // The tape is in topological order, so walking it backwards visits an op only after every op that
+  // consumed its output: the op is reachable from the root exactly when its output has received a
+  // gradient by then. Unreached ops (another graph recorded meanwhile) stay for a later backward.
+  std::vector<TapeEntry> entries = std::move(tape.entries);
+  tape.entries.clear();
+  std::vector<TapeEntry> unreached;
+  for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
+    if (!TensorAccess::grad(*it->output)) {
+      unreached.push_back(std::move(*it));
+      continue;
+    }
+    it->backward();
+    it->backward = nullptr;  // free this op's saved activations as early as possible
+    for (const std::shared_ptr<TensorImpl>& leaf : it->hooked_leaves)
+      if (--TensorAccess::pending_grad_uses(*leaf) == 0) TensorAccess::run_grad_ready_hooks(*leaf);
+  }
+  tape.entries.assign(std::make_move_iterator(unreached.rbegin()), std::make_move_iterator(unreached.rend()));
+}
+
 }  // namespace
 
-bool grad_enabled() { return tape.grad_enabled; }
+bool grad_enabled() {
+  return tape.grad_enabled;
+}
 
-NoGradGuard::NoGradGuard() : previous_(tape.grad_enabled) { tape.grad_enabled = false; }
-NoGradGuard::~NoGradGuard() { tape.grad_enabled = previous_; }
+NoGradGuard::NoGradGuard() : previous_(tape.grad_enabled) {
+  tape.grad_enabled = false;
+}
+NoGradGuard::~NoGradGuard() {
+  tape.grad_enabled = previous_;
+}
 
 namespace autograd {
 
@@ -38,14 +67,16 @@ bool any_requires_grad(std::initializer_list<const Tensor*> inputs) {
   return false;
 }
 
-void record(const Tensor& output, std::initializer_list<const Tensor*> inputs, std::function<void()> backward) {
+void record(const Tensor& output, std::initializer_list<const Tensor*> inputs,
+            std::function<void()> backward) {
   output.set_requires_grad(true);
-  TapeEntry entry{std::move(backward), output.impl(), {}};
+  TapeEntry entry{std::move(backward), &TensorAccess::impl(output), {}};
   for (const Tensor* t : inputs) {
-    if (t->defined() && t->requires_grad() && t->impl()->on_grad_ready) {
-      ++t->impl()->pending_grad_uses;
-      entry.hooked_leaves.push_back(t->impl());
-    }
+    if (!t->defined() || !t->requires_grad()) continue;
+    TensorImpl& impl = TensorAccess::impl(*t);
+    if (!TensorAccess::has_grad_ready_hooks(impl)) continue;
+    ++TensorAccess::pending_grad_uses(impl);
+    entry.hooked_leaves.push_back(TensorAccess::shared(*t));
   }
   tape.entries.push_back(std::move(entry));
 }
@@ -53,33 +84,29 @@ void record(const Tensor& output, std::initializer_list<const Tensor*> inputs, s
 void backward(const Tensor& root, float seed) {
   DPTRAIN_CHECK(root.numel() == 1, "backward() needs a scalar, got shape ", shape_str(root.shape()));
   DPTRAIN_CHECK(root.requires_grad(), "backward() on a tensor that does not require grad");
-  root.grad_data()[0] += seed;
-  // The tape is in topological order, so walking it backwards visits an op only after every op that
-  // consumed its output: the op is reachable from the root exactly when its output has received a
-  // gradient by then. Unreached ops (another graph recorded meanwhile) stay for a later backward.
-  std::vector<TapeEntry> entries = std::move(tape.entries);
-  tape.entries.clear();
-  std::vector<TapeEntry> unreached;
-  for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
-    if (!it->output->grad) {
-      unreached.push_back(std::move(*it));
-      continue;
-    }
-    it->backward();
-    it->backward = nullptr;  // free this op's saved activations as early as possible
-    for (TensorImpl* leaf : it->hooked_leaves)
-      if (--leaf->pending_grad_uses == 0) leaf->on_grad_ready();
-  }
-  tape.entries.assign(std::make_move_iterator(unreached.rbegin()), std::make_move_iterator(unreached.rend()));
+  backend_for(root.device()).add_scalar(root.grad_ptr(), 1, seed);
+  replay();
+}
+
+void backward(const Tensor& root, const Tensor& upstream) {
+  DPTRAIN_CHECK(root.requires_grad(), "backward() on a tensor that does not require grad");
+  DPTRAIN_CHECK(upstream.numel() == root.numel() && upstream.device() == root.device(),
+                "backward(): upstream ", shape_str(upstream.shape()), " on ", upstream.device().str(),
+                " for a root ", shape_str(root.shape()), " on ", root.device().str());
+  backend_for(root.device()).add(upstream.data_ptr(), root.grad_ptr(), root.numel());
+  replay();
 }
 
 void clear_tape() {
   for (TapeEntry& entry : tape.entries)
-    for (TensorImpl* leaf : entry.hooked_leaves) --leaf->pending_grad_uses;
+    for (const std::shared_ptr<TensorImpl>& leaf : entry.hooked_leaves)
+      --TensorAccess::pending_grad_uses(*leaf);
   tape.entries.clear();
 }
 
-std::size_t tape_size() { return tape.entries.size(); }
+std::size_t tape_size() {
+  return tape.entries.size();
+}
 
 }  // namespace autograd
 }  // namespace dptrain

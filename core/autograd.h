@@ -30,11 +30,15 @@ bool any_requires_grad(std::initializer_list<const Tensor*> inputs);
 
 // Records `backward` for an op whose output is `output` and whose differentiable inputs are `inputs`;
 // marks the output as requiring grad. Call only when any_requires_grad(inputs) is true.
-void record(const Tensor& output, std::initializer_list<const Tensor*> inputs, std::function<void()> backward);
+void record(const Tensor& output, std::initializer_list<const Tensor*> inputs,
+            std::function<void()> backward);
 
 // Seeds d(root)/d(root) = seed for a scalar root and replays, in reverse, the recorded ops the root
 // depends on, removing them from the tape; ops of other graphs stay for their own backward.
 void backward(const Tensor& root, float seed = 1.0f);
+// The same from a root of any shape with the upstream gradient `upstream` (same element count and
+// device): what backward of sum(root * upstream) would do.
+void backward(const Tensor& root, const Tensor& upstream);
 
 // Drops everything recorded (e.g. after a forward pass whose loss is not differentiated).
 void clear_tape();

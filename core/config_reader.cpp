@@ -14,8 +14,8 @@ std::string json_type_name(const Json& value) {
 }
 
 ObjectReader::ObjectReader(const Json& object, std::string path) : object_(object), path_(std::move(path)) {
-  DPTRAIN_CHECK(object_.is_object(), "config key ", path_.empty() ? "<root>" : path_, ": expected an object, got ",
-                json_type_name(object_), " ", object_.dump());
+  DPTRAIN_CHECK(object_.is_object(), "config key ", path_.empty() ? "<root>" : path_,
+                ": expected an object, got ", json_type_name(object_), " ", object_.dump());
 }
 
 const Json& ObjectReader::raw(const std::string& key) {

@@ -2,12 +2,11 @@
 // full key path, range checks, and a finish() that rejects keys nobody asked for.
 #pragma once
 
-#include <set>
-#include <utility>
-#include <string>
-#include <vector>
-
 #include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 
@@ -39,13 +38,14 @@ class ObjectReader {
   template <typename T>
   T get_in_range(const std::string& key, T fallback, T low, T high) {
     const T value = get<T>(key, fallback);
-    DPTRAIN_CHECK(value >= low && value <= high, "config key ", path_of(key), " = ", value, " is out of range [",
-                  low, ", ", high, "]");
+    DPTRAIN_CHECK(value >= low && value <= high, "config key ", path_of(key), " = ", value,
+                  " is out of range [", low, ", ", high, "]");
     return value;
   }
 
   // A string that must be one of `choices`.
-  std::string get_choice(const std::string& key, const std::string& fallback, const std::vector<std::string>& choices);
+  std::string get_choice(const std::string& key, const std::string& fallback,
+                         const std::vector<std::string>& choices);
 
   // Throws for the first key that was never read: a typo must not be silently ignored.
   void finish() const;
@@ -66,7 +66,8 @@ std::string json_type_name(const Json& value);
 template <typename T>
 T ObjectReader::convert(const Json& value, const std::string& path) {
   auto wrong = [&](const char* expected) {
-    DPTRAIN_FAIL("config key ", path, ": expected ", expected, ", got ", json_type_name(value), " ", value.dump());
+    DPTRAIN_FAIL("config key ", path, ": expected ", expected, ", got ", json_type_name(value), " ",
+                 value.dump());
   };
   if constexpr (std::is_same_v<T, bool>) {
     if (!value.is_boolean()) wrong("true or false");

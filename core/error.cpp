@@ -8,7 +8,8 @@ namespace dptrain::detail {
 void throw_error(const char* file, int line, const std::string& message) {
   // Keep the path short: "core/ops.cpp" reads better than an absolute build path.
   const char* shown = file;
-  for (const char* dir : {"/core/", "/layers/", "/optim/", "/data/", "/distributed/", "/trainer/", "/tests/"}) {
+  for (const char* dir :
+       {"/core/", "/layers/", "/optim/", "/data/", "/distributed/", "/trainer/", "/tests/"}) {
     if (const char* found = std::strstr(file, dir)) {
       shown = found + 1;
       break;

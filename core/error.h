@@ -27,10 +27,11 @@ std::string concat(const Parts&... parts) {
 }  // namespace dptrain
 
 // DPTRAIN_CHECK(cond, parts...): throws dptrain::Error "<parts> (file:line)" when cond is false.
-#define DPTRAIN_CHECK(cond, ...)                                                           \
-  do {                                                                                     \
-    if (!(cond)) [[unlikely]]                                                              \
+#define DPTRAIN_CHECK(cond, ...)                                                                  \
+  do {                                                                                            \
+    if (!(cond)) [[unlikely]]                                                                     \
       ::dptrain::detail::throw_error(__FILE__, __LINE__, ::dptrain::detail::concat(__VA_ARGS__)); \
   } while (0)
 
-#define DPTRAIN_FAIL(...) ::dptrain::detail::throw_error(__FILE__, __LINE__, ::dptrain::detail::concat(__VA_ARGS__))
+#define DPTRAIN_FAIL(...) \
+  ::dptrain::detail::throw_error(__FILE__, __LINE__, ::dptrain::detail::concat(__VA_ARGS__))

@@ -18,8 +18,9 @@ inline uint16_t float_to_half_portable(float value) {
   std::memcpy(&x, &value, 4);
   const uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t abs = x & 0x7fffffffu;
-  if (abs >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0));  // inf/nan
-  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);                                   // overflow
+  if (abs >= 0x7f800000u)
+    return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0));  // inf/nan
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);               // overflow
   if (abs < 0x38800000u) {  // subnormal half (or zero): align to 2^-24 units with rounding
     const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
     const int shift = 113 - static_cast<int>(abs >> 23) + 13;
@@ -27,8 +28,8 @@ inline uint16_t float_to_half_portable(float value) {
     const uint32_t rounded = (mant + (1u << (shift - 1)) - 1 + ((mant >> shift) & 1)) >> shift;
     return static_cast<uint16_t>(sign | rounded);
   }
-  abs += 0xc8000000u;                                   // rebias exponent 127 -> 15
-  abs += 0x0fffu + ((abs >> 13) & 1);                   // round to nearest even
+  abs += 0xc8000000u;                  // rebias exponent 127 -> 15
+  abs += 0x0fffu + ((abs >> 13) & 1);  // round to nearest even
   return static_cast<uint16_t>(sign | (abs >> 13));
 }
 

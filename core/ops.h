@@ -1,10 +1,12 @@
-// Differentiable tensor operations (CPU kernels in core/cpu/). Each records its backward on the
-// tape when an input requires grad.
+// Differentiable tensor operations, device-neutral: each checks its inputs (same device, fitting
+// shapes), allocates its output on their device, runs that device's backend kernel (core/backend.h)
+// and records its backward on the tape when an input requires grad.
 #pragma once
 
 #include <cstdint>
 #include <span>
 
+#include "core/backend.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 
@@ -30,17 +32,25 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dO
 // in row-major window order, as PyTorch does.
 Tensor maxpool2d(const Tensor& x, int kernel, int stride);
 
-Tensor relu(const Tensor& x);
-Tensor tanh(const Tensor& x);
-Tensor sigmoid(const Tensor& x);
+Tensor activation(const Tensor& x, Activation f);
+inline Tensor relu(const Tensor& x) {
+  return activation(x, Activation::kRelu);
+}
+inline Tensor tanh(const Tensor& x) {
+  return activation(x, Activation::kTanh);
+}
+inline Tensor sigmoid(const Tensor& x) {
+  return activation(x, Activation::kSigmoid);
+}
 
 Tensor reshape(const Tensor& x, Shape shape);
 // [B, ...] -> [B, prod(...)]
 Tensor flatten(const Tensor& x);
-// Inverted dropout: zeroes each element with probability p and scales survivors by 1/(1-p).
+// Inverted dropout: zeroes each element with probability p and scales survivors by 1/(1-p); draws
+// one number from `rng` per element (the same mask on every device).
 Tensor dropout(const Tensor& x, float p, Rng& rng);
 
-// Mean over the batch of -log softmax(logits)[label]; logits [B, C], labels in [0, C).
+// Mean over the batch of -log softmax(logits)[label]; logits [B, C], labels (host memory) in [0, C).
 Tensor cross_entropy(const Tensor& logits, std::span<const int32_t> labels);
 // Mean over all elements of (prediction - target)^2; target needs no gradient.
 Tensor mse(const Tensor& prediction, const Tensor& target);

@@ -1,27 +1,51 @@
 // Rng: a small, portable, seedable generator (SplitMix64) so runs replay bit-for-bit on any
-// platform; std:: distributions are implementation-defined, these are not.
+// platform; std:: distributions are implementation-defined, these are not. SplitMix64 is a counter
+// passed through a mixer, so the k-th draw after any state is computable directly: a device kernel
+// draws element i of a dropout mask without a sequential pass, and gets the CPU's bits.
 #pragma once
 
 #include <cstdint>
 #include <string_view>
 
+#include "core/host_device.h"
+
 namespace dptrain {
+
+inline constexpr uint64_t kSplitMixIncrement = 0x9E3779B97F4A7C15ull;
+
+// The value next_u64() returns as the (k+1)-th draw from `state`, k = 0, 1, ...
+DPTRAIN_HOST_DEVICE inline uint64_t splitmix64_draw(uint64_t state, uint64_t k) {
+  uint64_t z = state + (k + 1) * kSplitMixIncrement;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [0, 1) with 24 random bits: exact in float.
+DPTRAIN_HOST_DEVICE inline float uniform_from_bits(uint64_t bits) {
+  return static_cast<float>(bits >> 40) * (1.0f / 16777216.0f);
+}
 
 class Rng {
  public:
   explicit Rng(uint64_t seed = 0) : state_(seed) {}
 
   uint64_t next_u64() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    const uint64_t out = splitmix64_draw(state_, 0);
+    state_ += kSplitMixIncrement;
+    return out;
   }
-  // Uniform in [0, 1) with 24 random bits: exact in float.
-  float uniform() { return static_cast<float>(next_u64() >> 40) * (1.0f / 16777216.0f); }
+  float uniform() { return uniform_from_bits(next_u64()); }
   float uniform(float lo, float hi) { return lo + (hi - lo) * uniform(); }
   // Uniform integer in [0, n) without modulo bias worth mentioning for n << 2^64.
-  uint64_t below(uint64_t n) { return static_cast<uint64_t>((static_cast<unsigned __int128>(next_u64()) * n) >> 64); }
+  uint64_t below(uint64_t n) {
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(next_u64()) * n) >> 64);
+  }
+
+  // The state before the next draw, and a jump over `draws` draws: a kernel that takes draws
+  // [0, n) from state() with splitmix64_draw leaves the stream where skip(n) puts it.
+  uint64_t state() const { return state_; }
+  void skip(uint64_t draws) { state_ += draws * kSplitMixIncrement; }
 
  private:
   uint64_t state_;

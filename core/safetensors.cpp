@@ -6,7 +6,6 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
-
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -36,14 +35,16 @@ const Tensor* File::find(const std::string& name) const {
   return nullptr;
 }
 
-std::vector<char> serialize(const std::vector<NamedTensor>& tensors, const std::map<std::string, std::string>& metadata) {
+std::vector<char> serialize(const std::vector<NamedTensor>& tensors,
+                            const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   uint64_t offset = 0;
   for (const NamedTensor& t : tensors) {
-    DPTRAIN_CHECK(t.name != "__metadata__" && !header.contains(t.name), "safetensors: duplicate or reserved name '",
-                  t.name, "'");
+    DPTRAIN_CHECK(t.name != "__metadata__" && !header.contains(t.name),
+                  "safetensors: duplicate or reserved name '", t.name, "'");
     const uint64_t bytes = static_cast<uint64_t>(t.tensor.numel()) * sizeof(float);
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.tensor.shape()}, {"data_offsets", {offset, offset + bytes}}};
+    header[t.name] = {
+        {"dtype", "F32"}, {"shape", t.tensor.shape()}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -100,15 +101,18 @@ File parse(const std::vector<char>& bytes, const std::string& source) {
       DPTRAIN_CHECK(dtype == "F32" || dtype == "I32", source, ": tensor '", name, "' has dtype ", dtype,
                     "; only F32 (and I32) are supported");
       DPTRAIN_CHECK(offsets.size() == 2 && offsets[0] <= offsets[1] && offsets[1] <= data_size, source,
-                    ": tensor '", name, "' data_offsets out of range (data section is ", data_size, " bytes)");
+                    ": tensor '", name, "' data_offsets out of range (data section is ", data_size,
+                    " bytes)");
       uint64_t numel = 1;
       for (int64_t d : shape) {
-        DPTRAIN_CHECK(d >= 0 && (d == 0 || numel <= std::numeric_limits<uint32_t>::max() / static_cast<uint64_t>(d)),
-                      source, ": tensor '", name, "' has an invalid shape");
+        DPTRAIN_CHECK(
+            d >= 0 && (d == 0 || numel <= std::numeric_limits<uint32_t>::max() / static_cast<uint64_t>(d)),
+            source, ": tensor '", name, "' has an invalid shape");
         numel *= static_cast<uint64_t>(d);
       }
-      DPTRAIN_CHECK(offsets[1] - offsets[0] == numel * 4, source, ": tensor '", name, "' shape ", shape_str(shape),
-                    " needs ", numel * 4, " bytes but its offsets span ", offsets[1] - offsets[0]);
+      DPTRAIN_CHECK(offsets[1] - offsets[0] == numel * 4, source, ": tensor '", name, "' shape ",
+                    shape_str(shape), " needs ", numel * 4, " bytes but its offsets span ",
+                    offsets[1] - offsets[0]);
       spans.push_back({offsets[0], offsets[1], name});
       Tensor t = Tensor::empty(shape);
       const char* src = bytes.data() + data_begin + offsets[0];
@@ -133,7 +137,9 @@ File parse(const std::vector<char>& bytes, const std::string& source) {
     DPTRAIN_CHECK(spans[i].begin >= spans[i - 1].end, source, ": tensors '", spans[i - 1].name, "' and '",
                   spans[i].name, "' overlap");
   // Keep file order (by offset) so writers and readers agree on what "first" means.
-  const auto offsets = [&](const NamedTensor& t) { return header[t.name]["data_offsets"].get<std::vector<uint64_t>>(); };
+  const auto offsets = [&](const NamedTensor& t) {
+    return header[t.name]["data_offsets"].get<std::vector<uint64_t>>();
+  };
   std::stable_sort(file.tensors.begin(), file.tensors.end(),
                    [&](const NamedTensor& a, const NamedTensor& b) { return offsets(a) < offsets(b); });
   return file;

@@ -1,12 +1,14 @@
-// Size-keyed cache of aligned buffers behind Storage.
+// Device buffers through the backends, windows, and the size-keyed host block cache.
 #include "core/storage.h"
 
 #include <cstdlib>
 #include <mutex>
 #include <new>
-#include <stdexcept>
 #include <unordered_map>
 #include <vector>
+
+#include "core/backend.h"
+#include "core/error.h"
 
 namespace dptrain {
 namespace {
@@ -29,38 +31,55 @@ Cache& cache() {
   return instance;
 }
 
-std::size_t round_up(std::size_t bytes) { return (std::max<std::size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment; }
+std::size_t round_up(std::size_t bytes) {
+  return (std::max<std::size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
+}
 
 }  // namespace
 
-Storage::Storage(std::size_t bytes) : data_(nullptr), bytes_(round_up(bytes)) {
+void* allocate_host_block(std::size_t bytes) {
+  bytes = round_up(bytes);
   Cache& c = cache();
   {
     std::lock_guard lock(c.mutex);
-    auto it = c.free_by_size.find(bytes_);
+    auto it = c.free_by_size.find(bytes);
     if (it != c.free_by_size.end() && !it->second.empty()) {
-      data_ = it->second.back();
+      void* block = it->second.back();
       it->second.pop_back();
-      c.stats.cached_bytes -= bytes_;
-      return;
+      c.stats.cached_bytes -= bytes;
+      return block;
     }
     ++c.stats.fresh_allocations;
   }
-  data_ = std::aligned_alloc(kAlignment, bytes_);
-  if (data_ == nullptr) throw std::bad_alloc();
+  void* block = std::aligned_alloc(kAlignment, bytes);
+  if (block == nullptr) throw std::bad_alloc();
+  return block;
+}
+
+void release_host_block(void* block, std::size_t bytes) {
+  bytes = round_up(bytes);
+  Cache& c = cache();
+  std::lock_guard lock(c.mutex);
+  c.free_by_size[bytes].push_back(block);
+  c.stats.cached_bytes += bytes;
+}
+
+Storage::Storage(std::size_t bytes, Device device)
+    : bytes_(bytes), device_(device), backend_(&backend_for(device)) {
+  data_ = backend_->allocate(bytes_);
 }
 
 Storage::Storage(std::shared_ptr<Storage> parent, std::size_t offset, std::size_t bytes)
-    : data_(static_cast<char*>(parent->data()) + offset), bytes_(bytes), parent_(std::move(parent)) {
-  if (offset + bytes > parent_->bytes()) throw std::out_of_range("Storage window past the end of its parent");
+    : data_(static_cast<char*>(parent->data()) + offset),
+      bytes_(bytes),
+      device_(parent->device()),
+      parent_(std::move(parent)) {
+  DPTRAIN_CHECK(offset + bytes <= parent_->bytes(), "storage window [", offset, ", ", offset + bytes,
+                ") runs past the end of its parent (", parent_->bytes(), " bytes)");
 }
 
 Storage::~Storage() {
-  if (parent_) return;
-  Cache& c = cache();
-  std::lock_guard lock(c.mutex);
-  c.free_by_size[bytes_].push_back(data_);
-  c.stats.cached_bytes += bytes_;
+  if (backend_) backend_->release(data_, bytes_);
 }
 
 StorageStats storage_stats() {

@@ -1,13 +1,23 @@
-// Tensor construction, views and gradient buffers.
+// Tensor construction, views, device copies, gradient buffers and gradient-ready hooks.
 #include "core/tensor.h"
 
 #include <algorithm>
-#include <cstring>
+#include <atomic>
 
 #include "core/autograd.h"
+#include "core/backend.h"
 #include "core/error.h"
 
 namespace dptrain {
+namespace {
+
+std::atomic<uint64_t> next_hook_id{1};
+
+std::size_t bytes_of(int64_t numel) {
+  return static_cast<std::size_t>(numel) * sizeof(float);
+}
+
+}  // namespace
 
 std::string shape_str(const Shape& shape) {
   std::string s = "[";
@@ -24,17 +34,47 @@ int64_t shape_numel(const Shape& shape) {
   return n;
 }
 
-Tensor Tensor::empty(Shape shape, bool requires_grad) {
+GradHook& GradHook::operator=(GradHook&& other) noexcept {
+  if (this != &other) {
+    reset();
+    tensor_ = std::move(other.tensor_);
+    id_ = std::exchange(other.id_, 0);
+  }
+  return *this;
+}
+
+void GradHook::reset() {
+  if (const std::shared_ptr<TensorImpl> impl = tensor_.lock()) {
+    auto& hooks = impl->grad_ready_hooks_;
+    std::erase_if(hooks, [&](const auto& entry) { return entry.first == id_; });
+  }
+  tensor_.reset();
+}
+
+Tensor Tensor::empty(Shape shape, Device device) {
   Tensor t;
   t.impl_ = std::make_shared<TensorImpl>();
-  t.impl_->numel = shape_numel(shape);
-  t.impl_->shape = std::move(shape);
-  t.impl_->data = make_storage(static_cast<std::size_t>(t.impl_->numel) * sizeof(float));
-  t.impl_->requires_grad = requires_grad;
+  t.impl_->numel_ = shape_numel(shape);
+  t.impl_->shape_ = std::move(shape);
+  t.impl_->data_ = make_storage(bytes_of(t.impl_->numel_), device);
   return t;
 }
 
-Tensor Tensor::zeros(Shape shape, bool requires_grad) { return full(std::move(shape), 0.0f, requires_grad); }
+Tensor Tensor::empty(Shape shape, bool requires_grad) {
+  Tensor t = empty(std::move(shape), Device::cpu());
+  t.impl_->requires_grad_ = requires_grad;
+  return t;
+}
+
+Tensor Tensor::zeros(Shape shape, Device device) {
+  Tensor t = empty(std::move(shape), device);
+  backend_for(device).fill(t.data_ptr(), t.numel(), 0.0f);
+  return t;
+}
+
+Tensor Tensor::zeros(Shape shape, bool requires_grad) {
+  return full(std::move(shape), 0.0f, requires_grad);
+}
 
 Tensor Tensor::full(Shape shape, float value, bool requires_grad) {
   Tensor t = empty(std::move(shape), requires_grad);
@@ -50,31 +90,34 @@ Tensor Tensor::from_data(Shape shape, std::span<const float> values, bool requir
   return t;
 }
 
-float Tensor::item() const {
-  DPTRAIN_CHECK(numel() == 1, "item() needs a single-element tensor, got shape ", shape_str(shape()));
-  return data()[0];
+void Tensor::fail_not_host(const char* what) const {
+  DPTRAIN_FAIL(what, "() on a tensor of shape ", shape_str(shape()), " in ", device().str(),
+               " memory; copy it to the host first (to(Device::cpu()), to_vector(), item())");
 }
 
-float* Tensor::grad_data() const {
-  if (!impl_->grad) {
-    impl_->grad = make_storage(static_cast<std::size_t>(numel()) * sizeof(float));
-    std::memset(impl_->grad->data(), 0, static_cast<std::size_t>(numel()) * sizeof(float));
+float Tensor::item() const {
+  DPTRAIN_CHECK(numel() == 1, "item() needs a single-element tensor, got shape ", shape_str(shape()));
+  float value;
+  backend_for(device()).copy_to_host(&value, data_ptr(), sizeof value);
+  return value;
+}
+
+float* Tensor::grad_ptr() const {
+  if (!impl_->grad_) {
+    impl_->grad_ = make_storage(bytes_of(numel()), device());
+    backend_for(device()).fill(impl_->grad_->as<float>(), numel(), 0.0f);
   }
-  return impl_->grad->as<float>();
+  return impl_->grad_->as<float>();
 }
 
 void Tensor::zero_grad() const {
-  if (impl_->grad) std::memset(impl_->grad->data(), 0, static_cast<std::size_t>(numel()) * sizeof(float));
+  if (impl_->grad_) backend_for(device()).fill(impl_->grad_->as<float>(), numel(), 0.0f);
 }
 
-void Tensor::bind_grad(StoragePtr storage) const {
-  DPTRAIN_CHECK(storage->bytes() >= static_cast<std::size_t>(numel()) * sizeof(float), "bind_grad: buffer of ",
-                storage->bytes(), " bytes for ", numel(), " floats");
-  if (impl_->grad)
-    std::memcpy(storage->data(), impl_->grad->data(), static_cast<std::size_t>(numel()) * sizeof(float));
-  else
-    std::memset(storage->data(), 0, static_cast<std::size_t>(numel()) * sizeof(float));
-  impl_->grad = std::move(storage);
+GradHook Tensor::on_grad_ready(std::function<void()> hook) const {
+  const uint64_t id = next_hook_id.fetch_add(1, std::memory_order_relaxed);
+  impl_->grad_ready_hooks_.emplace_back(id, std::move(hook));
+  return GradHook(impl_, id);
 }
 
 Tensor Tensor::view(Shape shape) const {
@@ -82,18 +125,51 @@ Tensor Tensor::view(Shape shape) const {
                 shape_str(shape));
   Tensor t;
   t.impl_ = std::make_shared<TensorImpl>();
-  t.impl_->numel = numel();
-  t.impl_->shape = std::move(shape);
-  t.impl_->data = impl_->data;
+  t.impl_->numel_ = numel();
+  t.impl_->shape_ = std::move(shape);
+  t.impl_->data_ = impl_->data_;
   return t;
 }
 
 Tensor Tensor::clone() const {
-  Tensor t = empty(shape());
-  std::copy_n(data(), numel(), t.data());
+  Tensor t = empty(shape(), device());
+  backend_for(device()).copy(t.data_ptr(), data_ptr(), bytes_of(numel()));
   return t;
 }
 
-void Tensor::backward(float seed) const { autograd::backward(*this, seed); }
+Tensor Tensor::to(Device target) const {
+  if (device() == target) return *this;
+  Tensor t = empty(shape(), target);
+  t.copy_from(*this);
+  return t;
+}
+
+void Tensor::copy_from(const Tensor& source) const {
+  DPTRAIN_CHECK(source.numel() == numel(), "copy_from: ", shape_str(source.shape()), " into ",
+                shape_str(shape()));
+  const std::size_t bytes = bytes_of(numel());
+  const Device from = source.device(), to = device();
+  if (from == to) {
+    backend_for(to).copy(data_ptr(), source.data_ptr(), bytes);
+  } else if (from.is_host()) {
+    backend_for(to).copy_from_host(data_ptr(), source.data_ptr(), bytes);
+  } else if (to.is_host()) {
+    backend_for(from).copy_to_host(data_ptr(), source.data_ptr(), bytes);
+  } else {  // between two devices: through the host
+    std::vector<float> staging(static_cast<std::size_t>(numel()));
+    backend_for(from).copy_to_host(staging.data(), source.data_ptr(), bytes);
+    backend_for(to).copy_from_host(data_ptr(), staging.data(), bytes);
+  }
+}
+
+std::vector<float> Tensor::to_vector() const {
+  std::vector<float> out(static_cast<std::size_t>(numel()));
+  backend_for(device()).copy_to_host(out.data(), data_ptr(), bytes_of(numel()));
+  return out;
+}
+
+void Tensor::backward(float seed) const {
+  autograd::backward(*this, seed);
+}
 
 }  // namespace dptrain

@@ -26,30 +26,15 @@ __device__ int64_t grid_stride() {
 }
 
 __global__ void sgd_kernel(float* __restrict__ params, const float* __restrict__ grads,
-                           float* __restrict__ buf, int64_t n, SgdScalars s) {
-  for (int64_t i = first_index(); i < n; i += grid_stride()) {
-    const float d = grads[i] + s.weight_decay * params[i];
-    if (s.momentum == 0.0f) {
-      params[i] += -s.lr * d;
-      continue;
-    }
-    const float b = s.first_step ? d : buf[i] * s.momentum + (1.0f - s.dampening) * d;
-    buf[i] = b;
-    params[i] += -s.lr * (s.nesterov ? d + s.momentum * b : b);
-  }
+                           float* __restrict__ momentum_buffer, int64_t n, SgdStep s) {
+  float unused = 0.0f;
+  for (int64_t i = first_index(); i < n; i += grid_stride())
+    sgd_update(params[i], grads[i], momentum_buffer ? momentum_buffer[i] : unused, s);
 }
 
 __global__ void adam_kernel(float* __restrict__ params, const float* __restrict__ grads,
-                            float* __restrict__ m, float* __restrict__ v, int64_t n, AdamScalars s) {
-  for (int64_t i = first_index(); i < n; i += grid_stride()) {
-    const float p = params[i] * s.decay;
-    const float g = grads[i] + s.l2 * p;
-    const float mi = m[i] * s.beta1 + (1.0f - s.beta1) * g;
-    const float vi = v[i] * s.beta2 + (1.0f - s.beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    params[i] = p - s.step_size * mi / (sqrtf(vi) / s.bias_correction2_sqrt + s.eps);
-  }
+                            float* __restrict__ m, float* __restrict__ v, int64_t n, AdamStep s) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) adam_update(params[i], grads[i], m[i], v[i], s);
 }
 
 __global__ void to_fp16_kernel(const float* __restrict__ src, __half* __restrict__ dst, int64_t n,
@@ -69,31 +54,17 @@ __global__ void from_bf16_kernel(const __nv_bfloat16* __restrict__ src, float* _
 
 }  // namespace
 
-void sgd_step(const FlatParameters& p, const SgdScalars& s, cudaStream_t stream) {
-  if (p.size == 0) return;
-  sgd_kernel<<<blocks_for(p.size), kThreads, 0, stream>>>(p.params, p.grads, p.state0, p.size, s);
+void sgd_step(float* params, const float* grads, float* momentum_buffer, int64_t n, const SgdStep& s,
+              cudaStream_t stream) {
+  if (n == 0) return;
+  sgd_kernel<<<blocks_for(n), kThreads, 0, stream>>>(params, grads, momentum_buffer, n, s);
   DPTRAIN_CUDA_CHECK_LAUNCH();
 }
 
-AdamScalars adam_scalars(float lr, float beta1, float beta2, float eps, float weight_decay, bool decoupled,
-                         int64_t step) {
-  const double t = static_cast<double>(step);
-  const double bias_correction1 = 1.0 - std::pow(static_cast<double>(beta1), t);
-  const double bias_correction2 = 1.0 - std::pow(static_cast<double>(beta2), t);
-  AdamScalars s;
-  s.beta1 = beta1;
-  s.beta2 = beta2;
-  s.eps = eps;
-  s.step_size = static_cast<float>(lr / bias_correction1);
-  s.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
-  s.decay = decoupled ? static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay) : 1.0f;
-  s.l2 = decoupled ? 0.0f : weight_decay;
-  return s;
-}
-
-void adam_step(const FlatParameters& p, const AdamScalars& s, cudaStream_t stream) {
-  if (p.size == 0) return;
-  adam_kernel<<<blocks_for(p.size), kThreads, 0, stream>>>(p.params, p.grads, p.state0, p.state1, p.size, s);
+void adam_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, int64_t n,
+               const AdamStep& s, cudaStream_t stream) {
+  if (n == 0) return;
+  adam_kernel<<<blocks_for(n), kThreads, 0, stream>>>(params, grads, exp_avg, exp_avg_sq, n, s);
   DPTRAIN_CUDA_CHECK_LAUNCH();
 }
 

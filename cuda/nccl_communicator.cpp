@@ -7,13 +7,13 @@
 
 namespace dptrain::cuda {
 
-NcclCommunicator::NcclCommunicator(MPI_Comm comm) {
-  DPTRAIN_CHECK(MPI_Comm_rank(comm, &rank_) == MPI_SUCCESS && MPI_Comm_size(comm, &size_) == MPI_SUCCESS,
-                "MPI_Comm_rank/MPI_Comm_size failed while setting up NCCL");
+ncclUniqueId NcclCommunicator::new_unique_id() {
   ncclUniqueId id;
-  if (rank_ == 0) DPTRAIN_NCCL_CHECK(ncclGetUniqueId(&id));
-  DPTRAIN_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm) == MPI_SUCCESS,
-                "MPI_Bcast of the NCCL unique id failed (rank ", rank_, ")");
+  DPTRAIN_NCCL_CHECK(ncclGetUniqueId(&id));
+  return id;
+}
+
+NcclCommunicator::NcclCommunicator(const ncclUniqueId& id, int rank, int size) : rank_(rank), size_(size) {
   DPTRAIN_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
 }
 

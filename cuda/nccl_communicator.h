@@ -1,10 +1,10 @@
-// NcclCommunicator: collectives over device buffers with NCCL, beside the MPI communicator. The
-// unique id comes from rank 0 over MPI_Bcast; each rank must own a different GPU (NCCL refuses
-// two ranks on one device). Counts are elements, carried by DeviceSpan.
+// NcclCommunicator: collectives over device buffers with NCCL, beside the MPI communicator. Every
+// rank joins with the same unique id, which rank 0 makes and sends to the others (over the MPI
+// communicator); each rank must own a different GPU (NCCL refuses two ranks on one device). Counts
+// are elements, carried by DeviceSpan.
 #pragma once
 
 #include <cuda_runtime.h>
-#include <mpi.h>
 #include <nccl.h>
 
 #include <cstddef>
@@ -22,8 +22,10 @@ struct DeviceSpan {
 
 class NcclCommunicator {
  public:
-  // Collective over `comm`; call after select_device().
-  explicit NcclCommunicator(MPI_Comm comm);
+  // Rank `rank` of `size`, all with the same `id` (from new_unique_id() on one rank); call after
+  // select_device(). A world of one needs nothing else.
+  NcclCommunicator(const ncclUniqueId& id, int rank, int size);
+  static ncclUniqueId new_unique_id();
   ~NcclCommunicator();
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;

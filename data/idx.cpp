@@ -65,8 +65,8 @@ IdxArray read_idx(const std::string& path) {
   uint8_t magic[4];
   const int64_t got_magic = read_some(f, path, magic, 4);
   DPTRAIN_CHECK(got_magic == 4, path, ": truncated: ", got_magic, " bytes, too short for an IDX header");
-  const uint32_t magic_value = (uint32_t{magic[0]} << 24) | (uint32_t{magic[1]} << 16) |
-                               (uint32_t{magic[2]} << 8) | magic[3];
+  const uint32_t magic_value =
+      (uint32_t{magic[0]} << 24) | (uint32_t{magic[1]} << 16) | (uint32_t{magic[2]} << 8) | magic[3];
   DPTRAIN_CHECK(magic[0] == 0 && magic[1] == 0 && magic[2] == 0x08, path, ": bad magic ", hex32(magic_value),
                 ", expected 0x000008NN (unsigned-byte IDX, NN = number of dims); not an IDX ubyte file?");
   const int ndims = magic[3];

@@ -17,8 +17,10 @@ double standard_normal(Rng& rng) {
 }
 }  // namespace
 
-Dataset make_linear_dataset(int64_t samples, const std::vector<double>& coefficients, double noise, uint64_t seed) {
-  DPTRAIN_CHECK(samples > 0 && !coefficients.empty(), "linear dataset needs samples > 0 and at least one coefficient");
+Dataset make_linear_dataset(int64_t samples, const std::vector<double>& coefficients, double noise,
+                            uint64_t seed) {
+  DPTRAIN_CHECK(samples > 0 && !coefficients.empty(),
+                "linear dataset needs samples > 0 and at least one coefficient");
   const int64_t features = static_cast<int64_t>(coefficients.size());
   Dataset ds;
   ds.sample_shape = {features};

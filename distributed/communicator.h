@@ -1,88 +1,123 @@
-// Communicator: typed collectives over host buffers (counts are elements, carried by std::span),
-// implemented with MPI's blocking collectives, which Open MPI tunes far better than their
-// non-blocking forms (MPI_Iallreduce measured 5x slower at 4 KiB here, and it only progresses when
-// polled). Asynchrony comes from a communication thread instead: start_* queues a collective that
-// runs there, in submission order, while the caller computes (Horovod's design). A watchdog thread
-// sees every collective in flight: past stall_warning_s it says what is waited for; past
-// stall_abort_s it ends the process, and mpirun takes the other ranks down.
+// Communicator: the collectives the trainer needs, as an interface with typed helpers (counts are
+// elements, carried by std::span; the element type picks the wire type). Implementations: MPI over
+// host memory (distributed/mpi_communicator.h) and NCCL over device memory (cuda/). Buffers live in
+// memory the communicator accepts(); collectives that start asynchronously complete in submission
+// order, and a buffer may be touched again only after wait().
 #pragma once
 
-#include <mpi.h>
-
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "core/device.h"
 #include "core/half.h"
 
 namespace dptrain::distributed {
 
 enum class ReduceOp { kSum, kAverage };
 
+enum class DataType { kF32, kF64, kI32, kI64, kU64, kU16, kU8, kF16, kBf16 };
+
+template <typename T>
+constexpr DataType data_type_of() {
+  if constexpr (std::is_same_v<T, float>) return DataType::kF32;
+  if constexpr (std::is_same_v<T, double>) return DataType::kF64;
+  if constexpr (std::is_same_v<T, int32_t>) return DataType::kI32;
+  if constexpr (std::is_same_v<T, int64_t>) return DataType::kI64;
+  if constexpr (std::is_same_v<T, uint64_t>) return DataType::kU64;
+  if constexpr (std::is_same_v<T, uint16_t>) return DataType::kU16;
+  if constexpr (std::is_same_v<T, uint8_t>) return DataType::kU8;
+}
+
+inline DataType half_type(HalfFormat format) {
+  return format == HalfFormat::kFp16 ? DataType::kF16 : DataType::kBf16;
+}
+
 struct StallPolicy {
   double warning_s = 60;  // 0: never warn
   double abort_s = 0;     // 0: never abort
 };
 
-struct Job;
-struct CommWorker;
-struct StallWatchdog;
-
-// A collective queued on the communication thread; wait() before touching its buffer.
+// A collective in flight; wait() on it before touching its buffer. Implementations keep their state
+// in a PendingWork of their own.
+struct PendingWork {
+  virtual ~PendingWork() = default;
+};
 class Pending {
  public:
-  bool active() const { return job_ != nullptr; }
+  Pending() = default;
+  explicit Pending(std::shared_ptr<PendingWork> work) : work_(std::move(work)) {}
+  bool active() const { return work_ != nullptr; }
+  std::shared_ptr<PendingWork> take() { return std::move(work_); }
 
  private:
-  friend class Communicator;
-  std::shared_ptr<Job> job_;
+  std::shared_ptr<PendingWork> work_;
 };
 
 class Communicator {
  public:
-  // Wraps `comm` (not owned); a world of one turns every collective into a no-op.
-  explicit Communicator(MPI_Comm comm, StallPolicy stall = {});
-  ~Communicator();
-  Communicator(const Communicator&) = delete;
-  Communicator& operator=(const Communicator&) = delete;
+  virtual ~Communicator() = default;
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Whether collectives may read and write buffers in `device`'s memory.
+  virtual bool accepts(Device device) const = 0;
 
-  // Asynchronous, in place, run on the communication thread in submission order. `what` names the
-  // collective in errors and stall warnings; `timeline_name`, if given, is its span on the timeline.
-  Pending start_allreduce(std::span<float> buffer, ReduceOp op, std::string what,
-                          std::string timeline_name = {});
-  // The sum runs in half precision (a custom MPI_Op); callers pre-scale against overflow.
+  // Asynchronous, in place. `what` names the collective in errors and stall warnings;
+  // `timeline_name`, if given, is its span on the timeline.
+  template <typename T>
+  Pending start_allreduce(std::span<T> buffer, ReduceOp op, std::string what,
+                          std::string timeline_name = {}) {
+    return start_allreduce_elements(buffer.data(), buffer.size(), data_type_of<T>(), op, std::move(what),
+                                    std::move(timeline_name));
+  }
+  // The sum runs in half precision; callers pre-scale against overflow.
   Pending start_allreduce_half(std::span<uint16_t> buffer, HalfFormat format, std::string what,
-                               std::string timeline_name = {});
+                               std::string timeline_name = {}) {
+    return start_allreduce_elements(buffer.data(), buffer.size(), half_type(format), ReduceOp::kSum,
+                                    std::move(what), std::move(timeline_name));
+  }
   // Rethrows the collective's error, if any.
-  void wait(Pending& pending);
+  virtual void wait(Pending& pending) = 0;
 
-  // Synchronous, on the calling thread (after the communication thread has drained).
+  // Synchronous, after every asynchronous collective submitted before has completed.
   template <typename T>
-  void allreduce(std::span<T> buffer, ReduceOp op, const std::string& what);
-  void allreduce_half(std::span<uint16_t> buffer, HalfFormat format, const std::string& what);
+  void allreduce(std::span<T> buffer, ReduceOp op, const std::string& what) {
+    allreduce_elements(buffer.data(), buffer.size(), data_type_of<T>(), op, what);
+  }
+  void allreduce_half(std::span<uint16_t> buffer, HalfFormat format, const std::string& what) {
+    allreduce_elements(buffer.data(), buffer.size(), half_type(format), ReduceOp::kSum, what);
+  }
   template <typename T>
-  void broadcast(std::span<T> buffer, int root, const std::string& what);
+  void broadcast(std::span<T> buffer, int root, const std::string& what) {
+    broadcast_elements(buffer.data(), buffer.size(), data_type_of<T>(), root, what);
+  }
   // recv.size() must be send.size() * size(); rank r's elements land at [r * send.size(), ...).
   template <typename T>
-  void allgather(std::span<const T> send, std::span<T> recv, const std::string& what);
-  void barrier(const std::string& what);
+  void allgather(std::span<const T> send, std::span<T> recv, const std::string& what) {
+    check_allgather_sizes(send.size(), recv.size());
+    allgather_elements(send.data(), recv.data(), send.size(), data_type_of<T>(), what);
+  }
+  virtual void barrier(const std::string& what) = 0;
   // Every rank's string on rank 0 (in rank order); other ranks get an empty list.
-  std::vector<std::string> gather_to_root(const std::string& mine, const std::string& what);
+  virtual std::vector<std::string> gather_to_root(const std::string& mine, const std::string& what) = 0;
+
+ protected:
+  // The untyped collectives behind the typed helpers: `count` elements of `type`.
+  virtual Pending start_allreduce_elements(void* data, std::size_t count, DataType type, ReduceOp op,
+                                           std::string what, std::string timeline_name) = 0;
+  virtual void allreduce_elements(void* data, std::size_t count, DataType type, ReduceOp op,
+                                  const std::string& what) = 0;
+  virtual void broadcast_elements(void* data, std::size_t count, DataType type, int root,
+                                  const std::string& what) = 0;
+  virtual void allgather_elements(const void* send, void* recv, std::size_t count, DataType type,
+                                  const std::string& what) = 0;
 
  private:
-  Pending submit(std::string what, std::string timeline_name, std::function<void()> run);
-  void drain();
-
-  MPI_Comm comm_;
-  int rank_ = 0, size_ = 1;
-  std::shared_ptr<StallWatchdog> watchdog_;
-  std::shared_ptr<CommWorker> worker_;  // started on the first asynchronous collective
+  void check_allgather_sizes(std::size_t send, std::size_t recv) const;
 };
 
 }  // namespace dptrain::distributed

@@ -1,46 +1,13 @@
-// Bucketed, overlapped gradient averaging.
+// Bucketed, overlapped gradient averaging over the flat gradient buffer.
 #include "distributed/reducer.h"
 
 #include <chrono>
-#include <cmath>
-#include <cstring>
 
+#include "core/backend.h"
 #include "core/error.h"
 #include "core/timeline.h"
 
 namespace dptrain::distributed {
-namespace {
-// Each gradient starts on a 64-byte boundary inside the bucket buffer, as the kernels' Eigen maps
-// expect of every tensor buffer.
-constexpr int64_t kAlignFloats = 16;
-int64_t aligned(int64_t n) {
-  return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
-}
-
-// Inf and NaN are the floats whose exponent bits are all ones. An integer OR-reduction vectorises
-// where a float accumulation would not (float addition is not associative).
-inline uint32_t not_finite(float v) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  return static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-}
-
-// Multiplies by `scale` (unless 1) and reports whether every result is finite, in one pass.
-bool scale_and_check(std::span<float> values, float scale) {
-  uint32_t bad = 0;
-  float* v = values.data();
-  const int64_t n = static_cast<int64_t>(values.size());
-  if (scale == 1.0f) {
-    for (int64_t i = 0; i < n; ++i) bad |= not_finite(v[i]);
-  } else {
-    for (int64_t i = 0; i < n; ++i) {
-      v[i] *= scale;
-      bad |= not_finite(v[i]);
-    }
-  }
-  return bad == 0;
-}
-}  // namespace
 
 Compression parse_compression(const std::string& name) {
   if (name == "none") return Compression::kNone;
@@ -61,55 +28,55 @@ std::string to_string(Compression compression) {
   return "?";
 }
 
-GradientReducer::GradientReducer(Communicator& comm, std::vector<NamedTensor> parameters,
-                                 ReducerOptions options)
-    : comm_(comm), parameters_(std::move(parameters)), options_(options) {
+GradientReducer::GradientReducer(Communicator& comm, const FlatParameters& parameters, ReducerOptions options)
+    : comm_(comm), parameters_(parameters), backend_(backend_for(parameters.device())), options_(options) {
   DPTRAIN_CHECK(options_.fusion_threshold_mb >= 0 && options_.first_bucket_mb >= 0,
                 "distributed.fusion_threshold_mb and first_bucket_mb must be >= 0");
+  DPTRAIN_CHECK(comm_.accepts(parameters_.device()), "the communicator cannot reduce gradients in ",
+                parameters_.device().str(), " memory");
   const auto cap_elements = [](double mb) { return static_cast<int64_t>(mb * (1 << 20) / sizeof(float)); };
   const bool per_tensor = options_.fusion_threshold_mb == 0;
-  std::vector<int64_t> slot(parameters_.size());
-  bucket_of_.resize(parameters_.size());
-  int64_t offset = 0;
-  for (std::size_t k = parameters_.size(); k-- > 0;) {
-    const int64_t n = aligned(parameters_[k].tensor.numel());
+  const std::size_t count = parameters_.parameters().size();
+  bucket_of_.resize(count);
+  // The flat layout runs from the last parameter to the first; each one spans up to the next.
+  for (std::size_t k = count; k-- > 0;) {
+    const int64_t n = (k == 0 ? parameters_.size() : parameters_.offset(k - 1)) - parameters_.offset(k);
     // The first bucket stays small so that communication can start early in backward.
     const double cap_mb = buckets_.size() <= 1
                               ? std::min(options_.first_bucket_mb, options_.fusion_threshold_mb)
                               : options_.fusion_threshold_mb;
     const bool fits = !per_tensor && !buckets_.empty() && buckets_.back().numel + n <= cap_elements(cap_mb);
-    if (!fits) buckets_.push_back({{}, offset, 0});
+    if (!fits) buckets_.push_back({{}, parameters_.offset(k), 0});
     buckets_.back().parameters.push_back(k);
     buckets_.back().numel += n;
     bucket_of_[k] = buckets_.size() - 1;
-    slot[k] = offset;
-    offset += n;
   }
-  flat_ = make_storage(sizeof(float) * std::max<int64_t>(offset, 1));
-  std::memset(flat_->data(), 0, flat_->bytes());  // padding must stay zero (and finite) forever
-  for (std::size_t k = 0; k < parameters_.size(); ++k)
-    parameters_[k].tensor.bind_grad(std::make_shared<Storage>(flat_, sizeof(float) * slot[k],
-                                                              sizeof(float) * parameters_[k].tensor.numel()));
-  if (options_.compression != Compression::kNone) flat_half_.resize(offset);
+  if (options_.compression != Compression::kNone)
+    flat_half_ =
+        make_storage(sizeof(uint16_t) * std::max<int64_t>(parameters_.size(), 1), parameters_.device());
   for (const Bucket& bucket : buckets_)
     labels_.push_back("allreduce of gradient bucket " + std::to_string(labels_.size()) + " (" +
                       std::to_string(bucket.numel) + " elements, first parameter " +
-                      parameters_[bucket.parameters.front()].name + ") at step ");
+                      parameters_.parameters()[bucket.parameters.front()].name + ") at step ");
   pending_.resize(buckets_.size());
   launched_.assign(buckets_.size(), false);
   ready_count_.assign(buckets_.size(), 0);
   if (comm_.size() > 1 && options_.overlap) {
-    for (std::size_t k = 0; k < parameters_.size(); ++k)
-      parameters_[k].tensor.impl()->on_grad_ready = [this, k] { on_gradient_ready(k); };
+    for (std::size_t k = 0; k < count; ++k)
+      hooks_.push_back(parameters_.parameters()[k].tensor.on_grad_ready([this, k] { on_gradient_ready(k); }));
   }
 }
 
-GradientReducer::~GradientReducer() {
-  for (NamedTensor& p : parameters_) p.tensor.impl()->on_grad_ready = nullptr;
+float GradientReducer::loss_scale(int64_t passes) const {
+  return 1.0f / static_cast<float>(passes * comm_.size());
 }
 
 std::span<float> GradientReducer::window(std::size_t b) const {
-  return {flat_->as<float>() + buckets_[b].offset, static_cast<std::size_t>(buckets_[b].numel)};
+  return {parameters_.grads().data_ptr() + buckets_[b].offset, static_cast<std::size_t>(buckets_[b].numel)};
+}
+
+std::span<uint16_t> GradientReducer::half_window(std::size_t b) const {
+  return {flat_half_->as<uint16_t>() + buckets_[b].offset, static_cast<std::size_t>(buckets_[b].numel)};
 }
 
 HalfFormat GradientReducer::half_format() const {
@@ -158,12 +125,11 @@ void GradientReducer::launch(std::size_t b, bool async) {
     }
     return;
   }
-  // Scaled by 1/N before the sum (not after) so the half-precision sum cannot overflow.
-  const std::span<uint16_t> half(flat_half_.data() + buckets_[b].offset, grads.size());
-  const float scale = options_.gradients_prescaled ? 1.0f : 1.0f / static_cast<float>(comm_.size());
+  // Already divided by the world size (loss_scale), so the half-precision sum cannot overflow.
+  const std::span<uint16_t> half = half_window(b);
   {
     timeline::Span span("compress bucket ", "communication", index);
-    floats_to_halves(grads.data(), half.data(), static_cast<int64_t>(grads.size()), scale, half_format());
+    backend_.to_half(grads.data(), half.data(), static_cast<int64_t>(grads.size()), 1.0f, half_format());
   }
   if (async) {
     pending_[b] = comm_.start_allreduce_half(half, half_format(), label(b), span_name());
@@ -176,11 +142,8 @@ void GradientReducer::launch(std::size_t b, bool async) {
 void GradientReducer::finish() {
   const auto start = std::chrono::steady_clock::now();
   armed_ = false;
-  const float inv = 1.0f / static_cast<float>(comm_.size());
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     const std::span<float> grads = window(b);
-    const int64_t n = static_cast<int64_t>(grads.size());
-    float scale = 1.0f;
     if (comm_.size() > 1) {
       // What backward did not launch (overlap off, or parameters that got no gradient) goes now, in
       // order: earlier buckets were launched first on every rank.
@@ -190,23 +153,19 @@ void GradientReducer::finish() {
         timeline::Span span("wait for bucket ", "communication", static_cast<int>(b));
         comm_.wait(pending_[b]);
       }
-      if (options_.compression == Compression::kNone) {
-        if (!options_.gradients_prescaled) scale = inv;
-      } else {
+      if (options_.compression != Compression::kNone) {
         timeline::Span span("decompress bucket ", "communication", static_cast<int>(b));
-        halves_to_floats(flat_half_.data() + buckets_[b].offset, grads.data(), n, half_format());
+        backend_.from_half(half_window(b).data(), grads.data(), static_cast<int64_t>(grads.size()),
+                           half_format());
       }
     }
-    if (!options_.check_finite) {
-      if (scale != 1.0f)
-        for (float& g : grads) g *= scale;
+    if (!options_.check_finite || backend_.all_finite(grads.data(), static_cast<int64_t>(grads.size())))
       continue;
-    }
-    if (scale_and_check(grads, scale)) continue;
+    // Name the culprit: the bucket's parameters one by one.
     for (std::size_t k : buckets_[b].parameters) {
-      bool finite = true;
-      for (float v : parameters_[k].tensor.grad()) finite &= std::isfinite(v);
-      DPTRAIN_CHECK(finite, "non-finite averaged gradient in ", parameters_[k].name, " (bucket ", b,
+      const float* g = parameters_.grads().data_ptr() + parameters_.offset(k);
+      DPTRAIN_CHECK(backend_.all_finite(g, parameters_.parameters()[k].tensor.numel()),
+                    "non-finite averaged gradient in ", parameters_.parameters()[k].name, " (bucket ", b,
                     ") at step ", step_, "; not applied. Lower optimizer.lr",
                     options_.compression != Compression::kNone
                         ? " or set distributed.compression to \"none\" (fp16 overflows past 65504)"

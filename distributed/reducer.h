@@ -1,11 +1,15 @@
-// GradientReducer: averages parameter gradients across ranks after backward. Parameters are
-// grouped into static buckets in reverse registration order (the order backward produces them): a
-// small first bucket, then buckets up to the fusion threshold. Gradients live inside the bucket
-// buffer (each parameter's gradient is a window of it), so reducing a bucket copies nothing. With
-// overlap on, a bucket's allreduce is queued on the communication thread from the gradient-ready
-// hook of its last parameter while backward goes on; buckets always launch in index order, so every
-// rank issues identical collectives. fp16/bf16 compression reduces a separate half buffer,
-// pre-scaled by 1/N so the half-precision sum cannot overflow.
+// GradientReducer: averages parameter gradients across ranks after backward. The gradients live in
+// one flat buffer (core/parameters.h) laid out in reverse registration order, the order backward
+// produces them; static buckets are contiguous ranges of it: a small first bucket, then buckets up to
+// the fusion threshold. Reducing a bucket therefore copies nothing. With overlap on, a bucket's
+// allreduce is started from the gradient-ready hook of its last parameter while backward goes on;
+// buckets always launch in index order, so every rank issues identical collectives. fp16/bf16
+// compression reduces a separate half buffer.
+//
+// Averaging: the allreduce sums, and the sum is the average because every rank seeds backward with
+// loss_scale(passes) = 1 / (passes x ranks), which costs nothing; the reducer is the one place that
+// knows this. Dividing before the sum (not after) is also what keeps a half-precision sum from
+// overflowing.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/tensor.h"
+#include "core/parameters.h"
 #include "distributed/communicator.h"
 
 namespace dptrain::distributed {
@@ -28,9 +32,6 @@ struct ReducerOptions {
   double first_bucket_mb = 1;
   bool overlap = true;
   Compression compression = Compression::kNone;
-  // The caller has already divided every gradient by the world size (the trainer seeds backward
-  // with 1/N, which costs nothing), so finish() only sums; otherwise finish() divides.
-  bool gradients_prescaled = false;
   // Stop with an error naming the step, bucket and parameter when an average is Inf or NaN. Costs
   // one read of the gradients per step (on this shared-memory machine ~10% of the allreduce itself;
   // next to a network allreduce, nothing).
@@ -46,18 +47,19 @@ struct ReducerTimes {
 
 struct Bucket {
   std::vector<std::size_t> parameters;  // indices into the parameter list, in backward order
-  int64_t offset = 0;                   // first element in the flat buffer
+  int64_t offset = 0;                   // first element in the flat gradient buffer
   int64_t numel = 0;                    // elements it spans, alignment padding included
 };
 
 class GradientReducer {
  public:
-  // Binds every parameter's gradient to its place in the bucket buffer (values are kept).
-  GradientReducer(Communicator& comm, std::vector<NamedTensor> parameters, ReducerOptions options);
-  ~GradientReducer();
+  GradientReducer(Communicator& comm, const FlatParameters& parameters, ReducerOptions options);
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
 
+  // What backward of each pass's loss must be seeded with so that finish() leaves the average over
+  // `passes` accumulated passes on every rank: 1 / (passes x ranks).
+  float loss_scale(int64_t passes) const;
   // Arms the hooks for the next backward pass (the last one of a step); `step` labels messages.
   void prepare(int64_t step);
   // Reduces the buckets backward did not launch, waits for all, leaves the averages in the
@@ -71,17 +73,18 @@ class GradientReducer {
   void on_gradient_ready(std::size_t parameter);
   void launch(std::size_t bucket, bool async);
   std::span<float> window(std::size_t bucket) const;
+  std::span<uint16_t> half_window(std::size_t bucket) const;
   std::string label(std::size_t bucket) const { return labels_[bucket] + std::to_string(step_); }
   HalfFormat half_format() const;
 
   Communicator& comm_;
-  std::vector<NamedTensor> parameters_;
+  const FlatParameters& parameters_;
+  Backend& backend_;
   ReducerOptions options_;
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_;  // parameter index -> bucket
   std::vector<std::string> labels_;     // "allreduce of gradient bucket 3 (...) at step "
-  StoragePtr flat_;                     // every gradient, bucket after bucket
-  std::vector<uint16_t> flat_half_;     // fp16/bf16 staging
+  StoragePtr flat_half_;                // fp16/bf16 staging, the gradient buffer's layout
   std::vector<Pending> pending_;        // per bucket
   std::vector<bool> launched_;
   std::vector<std::size_t> ready_count_;
@@ -89,6 +92,7 @@ class GradientReducer {
   bool armed_ = false;
   int64_t step_ = 0;
   ReducerTimes times_;
+  std::vector<GradHook> hooks_;  // last: removed before anything they call is destroyed
 };
 
 }  // namespace dptrain::distributed

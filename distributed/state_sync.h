@@ -11,10 +11,10 @@
 
 namespace dptrain::distributed {
 
-// Overwrites every tensor's data and every scalar with rank 0's, in the given order (the same on all
-// ranks). Shapes must already agree; a mismatch is caught by comparing element counts first.
-void broadcast_state(Communicator& comm, const std::vector<NamedTensor>& parameters,
-                     const std::vector<NamedTensor>& optimizer_state, std::span<int64_t> scalars);
+// Overwrites every buffer's elements and every scalar with rank 0's, in the given order (the same
+// on all ranks): the flat parameter buffer and the optimizer's flat state buffers. A rank whose
+// buffers differ in number or size from rank 0's (another config) is caught before any data moves.
+void broadcast_state(Communicator& comm, const std::vector<Tensor>& buffers, std::span<int64_t> scalars);
 
 // FNV-1a over the parameters' bytes on each rank, gathered and compared. Returns the checksum;
 // throws naming the ranks that differ from rank 0.

@@ -5,13 +5,16 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "distributed/mpi_check.h"
 
 namespace dptrain::distributed {
 namespace {
 int g_rank = 0;
 }
 
-int current_rank() { return g_rank; }
+int current_rank() {
+  return g_rank;
+}
 
 void check_mpi(int code, const char* call, const char* file, int line) {
   if (code == MPI_SUCCESS) [[likely]]
@@ -19,14 +22,16 @@ void check_mpi(int code, const char* call, const char* file, int line) {
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
   MPI_Error_string(code, text, &length);
-  detail::throw_error(file, line, detail::concat(call, " failed on rank ", g_rank, ": ", std::string(text, length)));
+  detail::throw_error(file, line,
+                      detail::concat(call, " failed on rank ", g_rank, ": ", std::string(text, length)));
 }
 
 World::World(int* argc, char*** argv) {
   int provided = 0;
   // SERIALIZED: the main thread and the communication thread call MPI, never at the same time.
   DPTRAIN_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
-  DPTRAIN_CHECK(provided >= MPI_THREAD_SERIALIZED, "this MPI library does not support MPI_THREAD_SERIALIZED, "
+  DPTRAIN_CHECK(provided >= MPI_THREAD_SERIALIZED,
+                "this MPI library does not support MPI_THREAD_SERIALIZED, "
                 "which the overlapped gradient reduction needs");
   // Return codes instead of MPI's default abort-on-error, so every failure becomes a located Error.
   DPTRAIN_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
@@ -40,7 +45,9 @@ World::World(int* argc, char*** argv) {
   DPTRAIN_MPI_CHECK(MPI_Comm_free(&local));
 }
 
-World::~World() { MPI_Finalize(); }
+World::~World() {
+  MPI_Finalize();
+}
 
 std::string World::broadcast_from_root(const std::string& text) const {
   if (size_ == 1) return text;

@@ -1,17 +1,10 @@
 // The MPI world of this process: start-up, rank, size, local rank, and a stop that takes every
-// rank down. Every MPI call in the project goes through DPTRAIN_MPI_CHECK.
+// rank down. (MPI itself stays in the .cpp files: distributed/mpi_check.h.)
 #pragma once
-
-#include <mpi.h>
 
 #include <string>
 
 namespace dptrain::distributed {
-
-// Turns an MPI error code into a dptrain::Error naming the call, file:line and rank.
-void check_mpi(int code, const char* call, const char* file, int line);
-
-#define DPTRAIN_MPI_CHECK(call) ::dptrain::distributed::check_mpi((call), #call, __FILE__, __LINE__)
 
 class World {
  public:

@@ -147,7 +147,7 @@ void load_parameters(const Module& model, const safetensors::File& file, const s
     DPTRAIN_CHECK(found, source, ": tensor '", p.name, "' is missing (the model has it, the file does not)");
     DPTRAIN_CHECK(found->shape() == p.tensor.shape(), source, ": tensor '", p.name, "' has shape ",
                   shape_str(found->shape()), " but the model expects ", shape_str(p.tensor.shape()));
-    std::copy_n(found->data(), found->numel(), p.tensor.data());
+    p.tensor.copy_from(*found);
   }
   for (const NamedTensor& t : file.tensors) {
     const bool ignored = !ignored_prefix.empty() && t.name.starts_with(ignored_prefix);

@@ -76,16 +76,7 @@ std::string MaxPool2D::describe() const {
 }
 
 Tensor ActivationLayer::forward(const Tensor& x) {
-  if (fused_) return x;
-  switch (kind_) {
-    case Activation::kRelu:
-      return ops::relu(x);
-    case Activation::kTanh:
-      return ops::tanh(x);
-    case Activation::kSigmoid:
-      return ops::sigmoid(x);
-  }
-  return x;
+  return fused_ ? x : ops::activation(x, kind_);
 }
 
 std::string ActivationLayer::describe() const {

@@ -80,7 +80,7 @@ class MaxPool2D : public Module {
   int kernel_, stride_;
 };
 
-enum class Activation { kRelu, kTanh, kSigmoid };
+using dptrain::Activation;
 
 class ActivationLayer : public Module {
  public:

@@ -1,47 +1,55 @@
-// Optimizers over named parameters (never layers): SGD with momentum/dampening/nesterov/weight
-// decay and Adam/AdamW, with PyTorch's exact update formulas. State is addressable by parameter name.
+// Optimizers over flat parameter buffers (never layers): SGD with momentum/dampening/nesterov/weight
+// decay and Adam/AdamW, with PyTorch's exact update formulas (core/update_rules.h). One step is one
+// fused update over the whole flat buffer on the parameters' device; state is addressable by name.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
+#include "core/backend.h"
+#include "core/parameters.h"
 
 namespace dptrain::optim {
 
 class Optimizer {
  public:
-  explicit Optimizer(std::vector<NamedTensor> parameters);
+  explicit Optimizer(const FlatParameters& parameters);
   virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
 
-  // One update with learning rate `lr` from the gradients currently in the parameters.
+  // One update with learning rate `lr` from the gradients currently in the flat gradient buffer.
   void step(float lr);
-  void zero_grad();
+  void zero_grad() { parameters_.zero_grad(); }
   int64_t steps_taken() const { return steps_; }
-
-  // Every state tensor, named "<parameter>.<slot>" (e.g. "0.weight.exp_avg"); with steps_taken(),
-  // everything a broadcast or a checkpoint must carry.
-  std::vector<NamedTensor> state() const;
-  // The tensor of one slot of one parameter's state, or undefined if there is no such slot.
-  Tensor state_of(const std::string& parameter, const std::string& slot) const;
-  // Restores the step counter after state() tensors were overwritten in place.
+  // Restores the step counter after the state was overwritten in place (resume, broadcast).
   void set_steps_taken(int64_t steps) { steps_ = steps; }
 
-  const std::vector<NamedTensor>& parameters() const { return parameters_; }
+  const std::vector<NamedTensor>& parameters() const { return parameters_.parameters(); }
+  // Every state tensor, named "<parameter>.<slot>" (e.g. "0.weight.exp_avg"), slot after slot; with
+  // steps_taken(), everything a checkpoint must carry.
+  std::vector<NamedTensor> state() const;
+  // The state as flat buffers of the parameters' layout, one per slot (what a broadcast sends).
+  const std::vector<Tensor>& state_buffers() const { return slots_; }
+  // The tensor of one slot of one parameter's state, or undefined if there is no such slot.
+  Tensor state_of(const std::string& parameter, const std::string& slot) const;
 
  protected:
-  virtual void update(std::size_t index, float* param, const float* grad, int64_t n, float lr) = 0;
-  // Called from subclass constructors: one zero tensor per parameter and slot.
+  // Applies update number steps_taken() (already counted) to every parameter.
+  virtual void update(float lr) = 0;
+  // Called from subclass constructors: a zero flat buffer per slot.
   void add_slot(const std::string& slot);
-  float* slot_data(std::size_t slot, std::size_t parameter) const { return slots_[slot][parameter].data(); }
+  float* slot_ptr(std::size_t slot) const { return slots_.at(slot).data_ptr(); }
 
+  const FlatParameters& parameters_;
+  Backend& backend_;
   int64_t steps_ = 0;  // updates taken so far, as PyTorch's per-parameter "step"
 
  private:
-  std::vector<NamedTensor> parameters_;
   std::vector<std::string> slot_names_;
-  std::vector<std::vector<Tensor>> slots_;  // [slot][parameter]
+  std::vector<Tensor> slots_;
 };
 
 struct SgdOptions {
@@ -53,10 +61,10 @@ struct SgdOptions {
 
 class Sgd : public Optimizer {
  public:
-  Sgd(std::vector<NamedTensor> parameters, SgdOptions options);
+  Sgd(const FlatParameters& parameters, SgdOptions options);
 
  private:
-  void update(std::size_t index, float* param, const float* grad, int64_t n, float lr) override;
+  void update(float lr) override;
   SgdOptions options_;
 };
 
@@ -70,10 +78,10 @@ struct AdamOptions {
 
 class Adam : public Optimizer {
  public:
-  Adam(std::vector<NamedTensor> parameters, AdamOptions options);
+  Adam(const FlatParameters& parameters, AdamOptions options);
 
  private:
-  void update(std::size_t index, float* param, const float* grad, int64_t n, float lr) override;
+  void update(float lr) override;
   AdamOptions options_;
 };
 

@@ -8,12 +8,10 @@
 
 namespace dptrain::optim {
 
-LrSchedule::LrSchedule(ScheduleOptions options) : o_(std::move(options)) {
-  DPTRAIN_CHECK(o_.scaling == "linear" || o_.scaling == "none", "unknown optimizer.lr_scaling \"", o_.scaling, "\"");
-  DPTRAIN_CHECK(o_.decay == "constant" || o_.decay == "step" || o_.decay == "cosine", "unknown optimizer.schedule \"",
-                o_.decay, "\"");
+LrSchedule::LrSchedule(ScheduleOptions options) : o_(options) {
   DPTRAIN_CHECK(o_.step_size_epochs > 0, "optimizer.step_size_epochs must be > 0");
-  scaled_ = o_.scaling == "linear" ? o_.base_lr * o_.world_size * o_.backward_passes_per_step : o_.base_lr;
+  scaled_ = o_.scaling == LrScaling::kLinear ? o_.base_lr * o_.world_size * o_.backward_passes_per_step
+                                             : o_.base_lr;
 }
 
 double LrSchedule::at(double epoch) const {
@@ -24,11 +22,16 @@ double LrSchedule::at(double epoch) const {
     return scaled_ / size * ((size - 1) / w * epoch + 1);
   }
   const double after = epoch - w;
-  if (o_.decay == "step") return scaled_ * std::pow(o_.gamma, std::floor(after / o_.step_size_epochs));
-  if (o_.decay == "cosine") {
-    const double span = std::max(o_.total_epochs - w, 1e-12);
-    const double t = std::min(after / span, 1.0);
-    return o_.min_lr + (scaled_ - o_.min_lr) * 0.5 * (1 + std::cos(std::numbers::pi * t));
+  switch (o_.decay) {
+    case Decay::kStep:
+      return scaled_ * std::pow(o_.gamma, std::floor(after / o_.step_size_epochs));
+    case Decay::kCosine: {
+      const double span = std::max(o_.total_epochs - w, 1e-12);
+      const double t = std::min(after / span, 1.0);
+      return o_.min_lr + (scaled_ - o_.min_lr) * 0.5 * (1 + std::cos(std::numbers::pi * t));
+    }
+    case Decay::kConstant:
+      break;
   }
   return scaled_;
 }

@@ -2,20 +2,21 @@
 // warmup from the base LR to the scaled LR, then constant, step or cosine decay.
 #pragma once
 
-#include <string>
-
 namespace dptrain::optim {
+
+enum class LrScaling { kLinear, kNone };  // kLinear: base_lr x world_size x backward_passes_per_step
+enum class Decay { kConstant, kStep, kCosine };
 
 struct ScheduleOptions {
   double base_lr = 1e-3;
-  std::string scaling = "linear";  // "linear": base_lr x world_size x backward_passes_per_step | "none"
+  LrScaling scaling = LrScaling::kLinear;
   int world_size = 1;
   int backward_passes_per_step = 1;
   double warmup_epochs = 0;
-  std::string decay = "constant";  // "constant" | "step" | "cosine"
-  double step_size_epochs = 1;     // "step": multiply by gamma every step_size_epochs after warmup
+  Decay decay = Decay::kConstant;
+  double step_size_epochs = 1;  // kStep: multiply by gamma every step_size_epochs after warmup
   double gamma = 0.1;
-  double total_epochs = 1;         // "cosine": reaches min_lr here
+  double total_epochs = 1;  // kCosine: reaches min_lr here
   double min_lr = 0;
 };
 

@@ -91,8 +91,11 @@ std::string checkpoint_file_name(int64_t global_step) {
 }
 
 std::vector<char> encode_checkpoint(const CheckpointData& data) {
-  std::vector<NamedTensor> tensors = data.parameters;
-  for (const NamedTensor& t : data.optimizer_state) tensors.push_back({kOptimizerPrefix + t.name, t.tensor});
+  // Host copies of device tensors (host tensors are used as they are).
+  std::vector<NamedTensor> tensors;
+  for (const NamedTensor& t : data.parameters) tensors.push_back({t.name, t.tensor.to(Device::cpu())});
+  for (const NamedTensor& t : data.optimizer_state)
+    tensors.push_back({kOptimizerPrefix + t.name, t.tensor.to(Device::cpu())});
   std::map<std::string, std::string> metadata = data.metadata;
   const TrainingPosition& p = data.position;
   metadata["format"] = "pt";  // what safetensors' PyTorch loader expects
@@ -191,10 +194,8 @@ void restore(const Checkpoint& checkpoint, const std::vector<NamedTensor>& param
     DPTRAIN_CHECK(known, checkpoint.path, ": tensor '", t.name, "' has no counterpart in the configured ",
                   is_state ? "optimizer (another optimizer.type?)" : "model (another model.layers?)");
   }
-  for (const auto& [target, stored_name] : targets) {
-    const Tensor* source = checkpoint.file.find(stored_name);
-    std::copy_n(source->data(), source->numel(), target->tensor.data());
-  }
+  for (const auto& [target, stored_name] : targets)
+    target->tensor.copy_from(*checkpoint.file.find(stored_name));
 }
 
 std::vector<std::string> list_checkpoints(const std::string& dir) {

@@ -7,6 +7,58 @@
 #include "core/error.h"
 
 namespace dptrain::trainer {
+namespace {
+
+// Each enum's config spellings, in the order error messages list them.
+template <typename E>
+using Names = std::initializer_list<std::pair<const char*, E>>;
+constexpr Names<DatasetKind> kDatasets = {{"mnist", DatasetKind::kMnist},
+                                          {"fashion_mnist", DatasetKind::kFashionMnist},
+                                          {"linear", DatasetKind::kLinear}};
+constexpr Names<LossKind> kLosses = {{"cross_entropy", LossKind::kCrossEntropy}, {"mse", LossKind::kMse}};
+constexpr Names<OptimizerKind> kOptimizers = {
+    {"sgd", OptimizerKind::kSgd}, {"adam", OptimizerKind::kAdam}, {"adamw", OptimizerKind::kAdamW}};
+constexpr Names<optim::LrScaling> kLrScalings = {{"linear", optim::LrScaling::kLinear},
+                                                 {"none", optim::LrScaling::kNone}};
+constexpr Names<optim::Decay> kSchedules = {
+    {"constant", optim::Decay::kConstant}, {"step", optim::Decay::kStep}, {"cosine", optim::Decay::kCosine}};
+constexpr Names<distributed::Compression> kCompressions = {{"none", distributed::Compression::kNone},
+                                                           {"fp16", distributed::Compression::kFp16},
+                                                           {"bf16", distributed::Compression::kBf16}};
+constexpr Names<ProgressMode> kProgressModes = {{"auto", ProgressMode::kAuto},
+                                                {"bar", ProgressMode::kBar},
+                                                {"lines", ProgressMode::kLines},
+                                                {"off", ProgressMode::kOff}};
+
+template <typename E>
+std::string name_of(E value, Names<E> names) {
+  for (const auto& [name, v] : names)
+    if (v == value) return name;
+  return "?";
+}
+
+// The enum named by `key` (one of `names`), or `fallback` when the key is absent.
+template <typename E>
+E get_enum(ObjectReader& r, const std::string& key, E fallback, Names<E> names) {
+  std::vector<std::string> choices;
+  for (const auto& [name, v] : names) choices.push_back(name);
+  const std::string chosen = r.get_choice(key, name_of(fallback, names), choices);
+  for (const auto& [name, v] : names)
+    if (chosen == name) return v;
+  return fallback;
+}
+
+}  // namespace
+
+std::string to_string(DatasetKind kind) {
+  return name_of(kind, kDatasets);
+}
+std::string to_string(LossKind kind) {
+  return name_of(kind, kLosses);
+}
+std::string to_string(OptimizerKind kind) {
+  return name_of(kind, kOptimizers);
+}
 
 Json read_json_file(const std::string& path) {
   std::ifstream in(path);
@@ -54,9 +106,9 @@ Config parse_config(const Json& json) {
   if (root.has("data")) {
     ObjectReader r(root.raw("data"), "data");
     DataConfig& d = c.data;
-    d.dataset = r.get_choice("dataset", d.dataset, {"mnist", "fashion_mnist", "linear"});
-    d.dir =
-        r.get<std::string>("dir", d.dataset == "mnist" ? "data/mnist" : "/usr/share/datasets/fashion-mnist");
+    d.dataset = get_enum(r, "dataset", d.dataset, kDatasets);
+    d.dir = r.get<std::string>(
+        "dir", d.dataset == DatasetKind::kMnist ? "data/mnist" : "/usr/share/datasets/fashion-mnist");
     d.batch_size = r.get_in_range<int64_t>("batch_size", d.batch_size, 1, 1 << 20);
     d.eval_batch_size = r.get_in_range<int64_t>("eval_batch_size", d.eval_batch_size, 1, 1 << 20);
     d.max_train_samples = r.get_in_range<int64_t>("max_train_samples", 0, 0, INT64_MAX);
@@ -67,7 +119,8 @@ Config parse_config(const Json& json) {
     d.std = r.get<double>("std", d.std);
     DPTRAIN_CHECK(d.std > 0, "config key data.std = ", d.std, " must be > 0");
     if (r.has("linear")) {
-      DPTRAIN_CHECK(d.dataset == "linear", "config key data.linear applies to data.dataset \"linear\" only");
+      DPTRAIN_CHECK(d.dataset == DatasetKind::kLinear,
+                    "config key data.linear applies to data.dataset \"linear\" only");
       ObjectReader l(r.raw("linear"), "data.linear");
       d.linear.samples = l.get_in_range<int64_t>("samples", d.linear.samples, 1, 1 << 30);
       d.linear.test_samples = l.get_in_range<int64_t>("test_samples", d.linear.test_samples, 1, 1 << 30);
@@ -90,7 +143,7 @@ Config parse_config(const Json& json) {
       DPTRAIN_CHECK(d > 0, "config key model.input_shape: dimensions must be > 0");
     DPTRAIN_CHECK(r.has("layers"), "config key model.layers is missing");
     c.model.layers = r.raw("layers");
-    c.model.loss = r.get_choice("loss", c.model.loss, {"cross_entropy", "mse"});
+    c.model.loss = get_enum(r, "loss", c.model.loss, kLosses);
     c.model.init_from = r.get<std::string>("init_from", "");
     r.finish();
   }
@@ -98,25 +151,26 @@ Config parse_config(const Json& json) {
   if (root.has("optimizer")) {
     ObjectReader r(root.raw("optimizer"), "optimizer");
     OptimizerConfig& o = c.optimizer;
-    o.type = r.get_choice("type", o.type, {"sgd", "adam", "adamw"});
-    o.lr = r.get_in_range("lr", o.type == "sgd" ? 0.01 : 1e-3, 0.0, 1e6);
+    o.type = get_enum(r, "type", o.type, kOptimizers);
+    const bool sgd = o.type == OptimizerKind::kSgd;
+    o.lr = r.get_in_range("lr", sgd ? 0.01 : 1e-3, 0.0, 1e6);
     o.momentum = r.get_in_range("momentum", o.momentum, 0.0, 1.0);
     o.dampening = r.get_in_range("dampening", o.dampening, 0.0, 1.0);
     o.nesterov = r.get<bool>("nesterov", o.nesterov);
-    o.weight_decay = r.get_in_range("weight_decay", o.type == "adamw" ? 1e-2 : 0.0, 0.0, 1e3);
+    o.weight_decay = r.get_in_range("weight_decay", o.type == OptimizerKind::kAdamW ? 1e-2 : 0.0, 0.0, 1e3);
     o.betas = r.get<std::vector<double>>("betas", o.betas);
     DPTRAIN_CHECK(
         o.betas.size() == 2 && o.betas[0] >= 0 && o.betas[0] < 1 && o.betas[1] >= 0 && o.betas[1] < 1,
         "config key optimizer.betas must be two numbers in [0, 1)");
     o.eps = r.get_in_range("eps", o.eps, 0.0, 1.0);
-    DPTRAIN_CHECK(o.type == "sgd" || (!r.has("momentum") && !r.has("dampening") && !r.has("nesterov")),
-                  "config key optimizer.momentum/dampening/nesterov apply to \"sgd\" only, not \"", o.type,
-                  "\"");
+    DPTRAIN_CHECK(sgd || (!r.has("momentum") && !r.has("dampening") && !r.has("nesterov")),
+                  "config key optimizer.momentum/dampening/nesterov apply to \"sgd\" only, not \"",
+                  to_string(o.type), "\"");
     DPTRAIN_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
                   "config key optimizer.nesterov needs momentum > 0 and dampening 0");
-    o.lr_scaling = r.get_choice("lr_scaling", o.lr_scaling, {"linear", "none"});
+    o.lr_scaling = get_enum(r, "lr_scaling", o.lr_scaling, kLrScalings);
     o.warmup_epochs = r.get_in_range("warmup_epochs", o.warmup_epochs, 0.0, 1e6);
-    o.schedule = r.get_choice("schedule", o.schedule, {"constant", "step", "cosine"});
+    o.schedule = get_enum(r, "schedule", o.schedule, kSchedules);
     o.step_size_epochs = r.get_in_range("step_size_epochs", o.step_size_epochs, 1e-6, 1e6);
     o.gamma = r.get_in_range("gamma", o.gamma, 0.0, 1.0);
     o.min_lr = r.get_in_range("min_lr", o.min_lr, 0.0, 1e6);
@@ -128,11 +182,7 @@ Config parse_config(const Json& json) {
     TrainingConfig& t = c.training;
     t.epochs = r.get_in_range<int64_t>("epochs", t.epochs, 1, 1 << 20);
     t.max_steps = r.get_in_range<int64_t>("max_steps", t.max_steps, 0, INT64_MAX);
-    const std::string progress = r.get_choice("progress", "auto", {"auto", "bar", "lines", "off"});
-    t.progress = progress == "bar"     ? ProgressMode::kBar
-                 : progress == "lines" ? ProgressMode::kLines
-                 : progress == "off"   ? ProgressMode::kOff
-                                       : ProgressMode::kAuto;
+    t.progress = get_enum(r, "progress", t.progress, kProgressModes);
     t.log_every_steps = r.get_in_range<int64_t>("log_every_steps", t.log_every_steps, 1, INT64_MAX);
     r.finish();
   }
@@ -142,7 +192,7 @@ Config parse_config(const Json& json) {
     d.fusion_threshold_mb = r.get_in_range("fusion_threshold_mb", d.fusion_threshold_mb, 0.0, 1e5);
     d.first_bucket_mb = r.get_in_range("first_bucket_mb", d.first_bucket_mb, 0.0, 1e5);
     d.overlap = r.get<bool>("overlap", d.overlap);
-    d.compression = r.get_choice("compression", d.compression, {"none", "fp16", "bf16"});
+    d.compression = get_enum(r, "compression", d.compression, kCompressions);
     d.backward_passes_per_step = r.get_in_range<int64_t>("backward_passes_per_step", 1, 1, 1 << 16);
     d.check_finite = r.get<bool>("check_finite", d.check_finite);
     d.stall_warning_s = r.get_in_range("stall_warning_s", d.stall_warning_s, 0.0, 1e9);
@@ -171,7 +221,7 @@ Json to_json(const Config& c) {
       {"output_dir", c.output_dir},
       {"threads", c.threads},
       {"data",
-       {{"dataset", c.data.dataset},
+       {{"dataset", to_string(c.data.dataset)},
         {"dir", c.data.dir},
         {"batch_size", c.data.batch_size},
         {"eval_batch_size", c.data.eval_batch_size},
@@ -184,29 +234,30 @@ Json to_json(const Config& c) {
       {"model",
        {{"input_shape", c.model.input_shape},
         {"layers", c.model.layers},
-        {"loss", c.model.loss},
+        {"loss", to_string(c.model.loss)},
         {"init_from", c.model.init_from}}},
-      {"optimizer", c.optimizer.type == "sgd" ? Json{{"type", c.optimizer.type},
-                                                     {"lr", c.optimizer.lr},
-                                                     {"momentum", c.optimizer.momentum},
-                                                     {"dampening", c.optimizer.dampening},
-                                                     {"nesterov", c.optimizer.nesterov},
-                                                     {"weight_decay", c.optimizer.weight_decay}}
-                                              : Json{{"type", c.optimizer.type},
-                                                     {"lr", c.optimizer.lr},
-                                                     {"betas", c.optimizer.betas},
-                                                     {"eps", c.optimizer.eps},
-                                                     {"weight_decay", c.optimizer.weight_decay}}},
+      {"optimizer", c.optimizer.type == OptimizerKind::kSgd
+                        ? Json{{"type", to_string(c.optimizer.type)},
+                               {"lr", c.optimizer.lr},
+                               {"momentum", c.optimizer.momentum},
+                               {"dampening", c.optimizer.dampening},
+                               {"nesterov", c.optimizer.nesterov},
+                               {"weight_decay", c.optimizer.weight_decay}}
+                        : Json{{"type", to_string(c.optimizer.type)},
+                               {"lr", c.optimizer.lr},
+                               {"betas", c.optimizer.betas},
+                               {"eps", c.optimizer.eps},
+                               {"weight_decay", c.optimizer.weight_decay}}},
       {"training",
        {{"epochs", c.training.epochs},
         {"max_steps", c.training.max_steps},
-        {"progress", to_string(c.training.progress)},
+        {"progress", name_of(c.training.progress, kProgressModes)},
         {"log_every_steps", c.training.log_every_steps}}},
       {"distributed",
        {{"fusion_threshold_mb", c.distributed.fusion_threshold_mb},
         {"first_bucket_mb", c.distributed.first_bucket_mb},
         {"overlap", c.distributed.overlap},
-        {"compression", c.distributed.compression},
+        {"compression", name_of(c.distributed.compression, kCompressions)},
         {"backward_passes_per_step", c.distributed.backward_passes_per_step},
         {"check_finite", c.distributed.check_finite},
         {"stall_warning_s", c.distributed.stall_warning_s},
@@ -219,15 +270,15 @@ Json to_json(const Config& c) {
         {"keep", c.checkpoint.keep}}},
   };
   Json& o = out["optimizer"];
-  o["lr_scaling"] = c.optimizer.lr_scaling;
+  o["lr_scaling"] = name_of(c.optimizer.lr_scaling, kLrScalings);
   o["warmup_epochs"] = c.optimizer.warmup_epochs;
-  o["schedule"] = c.optimizer.schedule;
-  if (c.optimizer.schedule == "step") {
+  o["schedule"] = name_of(c.optimizer.schedule, kSchedules);
+  if (c.optimizer.schedule == optim::Decay::kStep) {
     o["step_size_epochs"] = c.optimizer.step_size_epochs;
     o["gamma"] = c.optimizer.gamma;
   }
-  if (c.optimizer.schedule == "cosine") o["min_lr"] = c.optimizer.min_lr;
-  if (c.data.dataset == "linear") {
+  if (c.optimizer.schedule == optim::Decay::kCosine) o["min_lr"] = c.optimizer.min_lr;
+  if (c.data.dataset == DatasetKind::kLinear) {
     out["data"]["linear"] = {{"samples", c.data.linear.samples},
                              {"test_samples", c.data.linear.test_samples},
                              {"coefficients", c.data.linear.coefficients},

@@ -8,6 +8,8 @@
 
 #include "core/config_reader.h"
 #include "core/tensor.h"
+#include "distributed/reducer.h"
+#include "optim/schedule.h"
 #include "trainer/progress.h"
 
 namespace dptrain::trainer {
@@ -19,10 +21,19 @@ struct LinearDataConfig {
   double noise = 0;
 };
 
+enum class DatasetKind { kMnist, kFashionMnist, kLinear };
+enum class LossKind { kCrossEntropy, kMse };
+enum class OptimizerKind { kSgd, kAdam, kAdamW };
+
+// The config spellings ("fashion_mnist", "mse", "adamw", ...).
+std::string to_string(DatasetKind kind);
+std::string to_string(LossKind kind);
+std::string to_string(OptimizerKind kind);
+
 struct DataConfig {
-  std::string dataset = "mnist";  // "mnist" | "fashion_mnist" | "linear"
-  std::string dir;                // default: data/mnist or /usr/share/datasets/fashion-mnist
-  int64_t batch_size = 128;       // per rank
+  DatasetKind dataset = DatasetKind::kMnist;
+  std::string dir;           // default: data/mnist or /usr/share/datasets/fashion-mnist
+  int64_t batch_size = 128;  // per rank
   int64_t eval_batch_size = 1000;
   int64_t max_train_samples = 0;  // 0: all; else the first N (short test and benchmark runs)
   int64_t max_test_samples = 0;
@@ -36,12 +47,12 @@ struct DataConfig {
 struct ModelConfig {
   Shape input_shape;
   Json layers;
-  std::string loss = "cross_entropy";  // "cross_entropy" | "mse"
+  LossKind loss = LossKind::kCrossEntropy;
   std::string init_from;
 };
 
 struct OptimizerConfig {
-  std::string type = "adam";  // "sgd" | "adam" | "adamw"
+  OptimizerKind type = OptimizerKind::kAdam;
   double lr = 1e-3;
   double momentum = 0.0;
   double dampening = 0.0;
@@ -49,9 +60,9 @@ struct OptimizerConfig {
   double weight_decay = 0.0;
   std::vector<double> betas = {0.9, 0.999};
   double eps = 1e-8;
-  std::string lr_scaling = "linear";  // "linear" (x world size x backward passes per step) | "none"
+  optim::LrScaling lr_scaling = optim::LrScaling::kLinear;  // x world size x backward passes per step
   double warmup_epochs = 0;
-  std::string schedule = "constant";  // "constant" | "step" | "cosine"
+  optim::Decay schedule = optim::Decay::kConstant;
   double step_size_epochs = 1;
   double gamma = 0.1;
   double min_lr = 0;
@@ -61,7 +72,7 @@ struct DistributedConfig {
   double fusion_threshold_mb = 4;
   double first_bucket_mb = 1;
   bool overlap = true;
-  std::string compression = "none";  // "none" | "fp16" | "bf16"
+  distributed::Compression compression = distributed::Compression::kNone;
   int64_t backward_passes_per_step = 1;
   bool check_finite = true;
   double stall_warning_s = 60;

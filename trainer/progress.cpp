@@ -59,20 +59,6 @@ ProgressMode resolve_progress_mode(ProgressMode configured) {
   return ProgressMode::kBar;
 }
 
-std::string to_string(ProgressMode mode) {
-  switch (mode) {
-    case ProgressMode::kBar:
-      return "bar";
-    case ProgressMode::kLines:
-      return "lines";
-    case ProgressMode::kOff:
-      return "off";
-    case ProgressMode::kAuto:
-      break;
-  }
-  return "auto";
-}
-
 Progress::Progress(bool enabled, ProgressMode mode, int64_t log_every_steps)
     : enabled_(enabled),
       mode_(enabled ? resolve_progress_mode(mode) : ProgressMode::kOff),

@@ -14,7 +14,6 @@ enum class ProgressMode { kAuto, kBar, kLines, kOff };
 // under a batch system (Slurm, PBS, LSF, Flux) and under an MPI launcher whose own stdout is not a
 // terminal: mpirun hands its ranks a pseudo-terminal even when its output goes to a file.
 ProgressMode resolve_progress_mode(ProgressMode configured);
-std::string to_string(ProgressMode mode);
 
 class Progress {
  public:

@@ -9,7 +9,11 @@ using MatrixRM = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::Row
 using MatMap = Eigen::Map<MatrixRM, Eigen::Aligned64>;
 using ConstMatMap = Eigen::Map<const MatrixRM, Eigen::Aligned64>;
 
-inline MatMap mat(float* p, Eigen::Index rows, Eigen::Index cols) { return MatMap(p, rows, cols); }
-inline ConstMatMap mat(const float* p, Eigen::Index rows, Eigen::Index cols) { return ConstMatMap(p, rows, cols); }
+inline MatMap mat(float* p, Eigen::Index rows, Eigen::Index cols) {
+  return MatMap(p, rows, cols);
+}
+inline ConstMatMap mat(const float* p, Eigen::Index rows, Eigen::Index cols) {
+  return ConstMatMap(p, rows, cols);
+}
 
 }  // namespace dptrain::cpu

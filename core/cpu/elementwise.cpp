@@ -1,35 +1,27 @@
-// Pointwise ops, pooling, reshapes and losses on the CPU (plain loops the compiler vectorises).
+// Pointwise ops, pooling, dropout, losses, reductions, the finiteness check and the optimizer
+// updates on the CPU: plain loops the compiler vectorises, OpenMP across cores for large tensors.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
-#include "core/autograd.h"
-#include "core/error.h"
-#include "core/ops.h"
+#include "core/cpu/kernels.h"
+#include "core/rng.h"
 
-namespace dptrain::ops {
+namespace dptrain::cpu {
 namespace {
 
-// y = f(x) pointwise; backward uses dy/dx written in terms of x and y.
-template <typename Forward, typename Derivative>
-Tensor pointwise(const Tensor& x, Forward f, Derivative dfdx) {
-  Tensor out = Tensor::empty(x.shape());
-  const float* xs = x.data();
-  float* ys = out.data();
-  const int64_t n = x.numel();
+// y = f(x) pointwise, and gx += gy * dy/dx written in terms of x and y.
+template <typename Forward>
+void pointwise(const float* xs, float* ys, int64_t n, Forward f) {
 #pragma omp parallel for simd schedule(static) if (n > 65536)
   for (int64_t i = 0; i < n; ++i) ys[i] = f(xs[i]);
-  if (autograd::any_requires_grad({&x})) {
-    autograd::record(out, {&x}, [x, out, dfdx, n] {
-      const float* xs = x.data();
-      const float* ys = out.data();
-      const float* gy = out.grad_data();
-      float* gx = x.grad_data();
+}
+template <typename Derivative>
+void pointwise_backward(const float* xs, const float* ys, const float* gy, float* gx, int64_t n,
+                        Derivative dfdx) {
 #pragma omp parallel for simd schedule(static) if (n > 65536)
-      for (int64_t i = 0; i < n; ++i) gx[i] += gy[i] * dfdx(xs[i], ys[i]);
-    });
-  }
-  return out;
+  for (int64_t i = 0; i < n; ++i) gx[i] += gy[i] * dfdx(xs[i], ys[i]);
 }
 
 // One input plane [h, w] -> one output plane. With the kernel size known at compile time GCC
@@ -60,160 +52,134 @@ void pool_plane(const float* plane, float* y, int32_t* win, int64_t h, int64_t w
     }
 }
 
+// Inf and NaN are the floats whose exponent bits are all ones. An integer OR-reduction vectorises
+// where a float accumulation would not (float addition is not associative).
+inline uint32_t not_finite(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  return static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+}
+
 }  // namespace
 
-Tensor relu(const Tensor& x) {
-  return pointwise(
-      x, [](float v) { return v > 0.0f ? v : 0.0f; }, [](float v, float) { return v > 0.0f ? 1.0f : 0.0f; });
-}
-
-Tensor tanh(const Tensor& x) {
-  return pointwise(
-      x, [](float v) { return std::tanh(v); }, [](float, float y) { return 1.0f - y * y; });
-}
-
-Tensor sigmoid(const Tensor& x) {
-  return pointwise(
-      x, [](float v) { return 1.0f / (1.0f + std::exp(-v)); }, [](float, float y) { return y * (1.0f - y); });
-}
-
-Tensor maxpool2d(const Tensor& x, int kernel, int stride) {
-  DPTRAIN_CHECK(x.ndim() == 4, "maxpool2d: input must be [B, C, H, W], got ", shape_str(x.shape()));
-  DPTRAIN_CHECK(kernel >= 1 && stride >= 1, "maxpool2d: kernel and stride must be >= 1");
-  const int64_t planes = x.dim(0) * x.dim(1), h = x.dim(2), w = x.dim(3);
-  DPTRAIN_CHECK(h >= kernel && w >= kernel, "maxpool2d: kernel ", kernel, " larger than input ", shape_str(x.shape()));
-  const int64_t oh = (h - kernel) / stride + 1, ow = (w - kernel) / stride + 1;
-  Tensor out = Tensor::empty({x.dim(0), x.dim(1), oh, ow});
-  const bool track = autograd::any_requires_grad({&x});
-  // Position of each output's winner within its input plane, kept for backward.
-  StoragePtr argmax = track ? make_storage(sizeof(int32_t) * out.numel()) : nullptr;
-  const float* xs = x.data();
-  float* ys = out.data();
-  int32_t* winners = track ? argmax->as<int32_t>() : nullptr;
-  const auto pool = kernel == 2 ? pool_plane<2> : kernel == 3 ? pool_plane<3> : pool_plane<0>;
-#pragma omp parallel for schedule(static) if (planes * h * w > 65536)
-  for (int64_t p = 0; p < planes; ++p)
-    pool(xs + p * h * w, ys + p * oh * ow, winners ? winners + p * oh * ow : nullptr, h, w, kernel, stride);
-  if (track) {
-    autograd::record(out, {&x}, [x, out, argmax, planes, h, w, oh, ow] {
-      const float* gy = out.grad_data();
-      float* gx = x.grad_data();
-      const int32_t* winners = argmax->as<int32_t>();
-#pragma omp parallel for schedule(static) if (planes * h * w > 65536)
-      for (int64_t p = 0; p < planes; ++p)
-        for (int64_t o = 0; o < oh * ow; ++o) gx[p * h * w + winners[p * oh * ow + o]] += gy[p * oh * ow + o];
-    });
+void activation(Activation f, const float* x, float* y, int64_t n) {
+  switch (f) {
+    case Activation::kRelu:
+      return pointwise(x, y, n, [](float v) { return v > 0.0f ? v : 0.0f; });
+    case Activation::kTanh:
+      return pointwise(x, y, n, [](float v) { return std::tanh(v); });
+    case Activation::kSigmoid:
+      return pointwise(x, y, n, [](float v) { return 1.0f / (1.0f + std::exp(-v)); });
   }
-  return out;
 }
 
-Tensor reshape(const Tensor& x, Shape shape) {
-  Tensor out = x.view(std::move(shape));
-  if (autograd::any_requires_grad({&x})) {
-    autograd::record(out, {&x}, [x, out] {
-      const float* gy = out.grad_data();
-      float* gx = x.grad_data();
-      for (int64_t i = 0; i < x.numel(); ++i) gx[i] += gy[i];
-    });
+void activation_backward(Activation f, const float* x, const float* y, const float* gy, float* gx,
+                         int64_t n) {
+  switch (f) {
+    case Activation::kRelu:
+      return pointwise_backward(x, y, gy, gx, n, [](float v, float) { return v > 0.0f ? 1.0f : 0.0f; });
+    case Activation::kTanh:
+      return pointwise_backward(x, y, gy, gx, n, [](float, float out) { return 1.0f - out * out; });
+    case Activation::kSigmoid:
+      return pointwise_backward(x, y, gy, gx, n, [](float, float out) { return out * (1.0f - out); });
   }
-  return out;
 }
 
-Tensor flatten(const Tensor& x) {
-  DPTRAIN_CHECK(x.ndim() >= 1, "flatten: needs a batch dimension");
-  return reshape(x, {x.dim(0), x.numel() / std::max<int64_t>(x.dim(0), 1)});
+void maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& g) {
+  const auto pool = g.kernel == 2 ? pool_plane<2> : g.kernel == 3 ? pool_plane<3> : pool_plane<0>;
+  const int64_t in_plane = g.height * g.width, out_plane = g.out_h * g.out_w;
+#pragma omp parallel for schedule(static) if (g.planes * in_plane > 65536)
+  for (int64_t p = 0; p < g.planes; ++p)
+    pool(x + p * in_plane, y + p * out_plane, argmax ? argmax + p * out_plane : nullptr, g.height, g.width,
+         g.kernel, g.stride);
 }
 
-Tensor dropout(const Tensor& x, float p, Rng& rng) {
-  DPTRAIN_CHECK(p >= 0.0f && p < 1.0f, "dropout: p must be in [0, 1), got ", p);
-  Tensor mask = Tensor::empty(x.shape());
+void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx, const Pool2dGeometry& g) {
+  const int64_t in_plane = g.height * g.width, out_plane = g.out_h * g.out_w;
+#pragma omp parallel for schedule(static) if (g.planes * in_plane > 65536)
+  for (int64_t p = 0; p < g.planes; ++p)
+    for (int64_t o = 0; o < out_plane; ++o)
+      gx[p * in_plane + argmax[p * out_plane + o]] += gy[p * out_plane + o];
+}
+
+void dropout(const float* x, float* y, float* mask, int64_t n, float p, uint64_t rng_state) {
   const float keep_scale = 1.0f / (1.0f - p);
-  float* m = mask.data();
-  for (int64_t i = 0; i < x.numel(); ++i) m[i] = rng.uniform() >= p ? keep_scale : 0.0f;
-  Tensor out = Tensor::empty(x.shape());
-  const float* xs = x.data();
-  float* ys = out.data();
-  for (int64_t i = 0; i < x.numel(); ++i) ys[i] = xs[i] * m[i];
-  if (autograd::any_requires_grad({&x})) {
-    autograd::record(out, {&x}, [x, out, mask] {
-      const float* gy = out.grad_data();
-      const float* m = mask.data();
-      float* gx = x.grad_data();
-      for (int64_t i = 0; i < x.numel(); ++i) gx[i] += gy[i] * m[i];
-    });
-  }
-  return out;
+  Rng rng(rng_state);
+  for (int64_t i = 0; i < n; ++i) mask[i] = rng.uniform() >= p ? keep_scale : 0.0f;
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * mask[i];
 }
 
-Tensor cross_entropy(const Tensor& logits, std::span<const int32_t> labels) {
-  DPTRAIN_CHECK(logits.ndim() == 2, "cross_entropy: logits must be [B, C], got ", shape_str(logits.shape()));
-  const int64_t batch = logits.dim(0), classes = logits.dim(1);
-  DPTRAIN_CHECK(static_cast<int64_t>(labels.size()) == batch, "cross_entropy: ", labels.size(),
-                " labels for a batch of ", batch);
-  DPTRAIN_CHECK(batch > 0, "cross_entropy: empty batch");
-  // Softmax probabilities are kept for backward: d loss / d logits = (softmax - onehot) / B.
-  Tensor probs = Tensor::empty(logits.shape());
-  const float* z = logits.data();
-  float* q = probs.data();
+void dropout_backward(const float* gy, const float* mask, float* gx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) gx[i] += gy[i] * mask[i];
+}
+
+void add(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void cross_entropy(const float* z, std::span<const int32_t> labels, float* q, float* loss, int64_t batch,
+                   int64_t classes) {
   double total = 0.0;
   for (int64_t b = 0; b < batch; ++b) {
-    const int32_t label = labels[b];
-    DPTRAIN_CHECK(label >= 0 && label < classes, "cross_entropy: label ", label, " outside [0, ", classes, ")");
     const float* row = z + b * classes;
     const float peak = *std::max_element(row, row + classes);
     float denom = 0.0f;
     for (int64_t c = 0; c < classes; ++c) denom += (q[b * classes + c] = std::exp(row[c] - peak));
     for (int64_t c = 0; c < classes; ++c) q[b * classes + c] /= denom;
-    total += std::log(denom) - (row[label] - peak);  // stable: -log softmax = log sum exp(z - max) - (z_y - max)
+    total += std::log(denom) -
+             (row[labels[b]] - peak);  // stable: -log softmax = log sum exp(z - max) - (z_y - max)
   }
-  Tensor out = Tensor::full({1}, static_cast<float>(total / batch));
-  if (autograd::any_requires_grad({&logits})) {
-    std::vector<int32_t> kept(labels.begin(), labels.end());
-    autograd::record(out, {&logits}, [logits, out, probs, kept = std::move(kept), batch, classes] {
-      const float scale = out.grad_data()[0] / static_cast<float>(batch);
-      const float* q = probs.data();
-      float* g = logits.grad_data();
-      for (int64_t b = 0; b < batch; ++b)
-        for (int64_t c = 0; c < classes; ++c)
-          g[b * classes + c] += scale * (q[b * classes + c] - (c == kept[b] ? 1.0f : 0.0f));
-    });
-  }
-  return out;
+  *loss = static_cast<float>(total / batch);
 }
 
-Tensor mse(const Tensor& prediction, const Tensor& target) {
-  DPTRAIN_CHECK(prediction.shape() == target.shape(), "mse: prediction ", shape_str(prediction.shape()),
-                " and target ", shape_str(target.shape()), " differ");
-  const int64_t n = prediction.numel();
-  const float* p = prediction.data();
-  const float* t = target.data();
+void cross_entropy_backward(const float* q, std::span<const int32_t> labels, const float* gloss, float* g,
+                            int64_t batch, int64_t classes) {
+  const float scale = gloss[0] / static_cast<float>(batch);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t c = 0; c < classes; ++c)
+      g[b * classes + c] += scale * (q[b * classes + c] - (c == labels[b] ? 1.0f : 0.0f));
+}
+
+void mse(const float* p, const float* t, float* loss, int64_t n) {
   double total = 0.0;
   for (int64_t i = 0; i < n; ++i) total += static_cast<double>(p[i] - t[i]) * (p[i] - t[i]);
-  Tensor out = Tensor::full({1}, static_cast<float>(total / n));
-  if (autograd::any_requires_grad({&prediction})) {
-    autograd::record(out, {&prediction}, [prediction, target, out, n] {
-      const float scale = 2.0f * out.grad_data()[0] / static_cast<float>(n);
-      const float* p = prediction.data();
-      const float* t = target.data();
-      float* g = prediction.grad_data();
-      for (int64_t i = 0; i < n; ++i) g[i] += scale * (p[i] - t[i]);
-    });
-  }
-  return out;
+  *loss = static_cast<float>(total / n);
 }
 
-Tensor sum(const Tensor& x) {
+void mse_backward(const float* p, const float* t, const float* gloss, float* g, int64_t n) {
+  const float scale = 2.0f * gloss[0] / static_cast<float>(n);
+  for (int64_t i = 0; i < n; ++i) g[i] += scale * (p[i] - t[i]);
+}
+
+void sum(const float* x, float* out, int64_t n) {
   double total = 0.0;
-  for (float v : x.values()) total += v;
-  Tensor out = Tensor::full({1}, static_cast<float>(total));
-  if (autograd::any_requires_grad({&x})) {
-    autograd::record(out, {&x}, [x, out] {
-      const float g = out.grad_data()[0];
-      float* gx = x.grad_data();
-      for (int64_t i = 0; i < x.numel(); ++i) gx[i] += g;
-    });
-  }
-  return out;
+  for (int64_t i = 0; i < n; ++i) total += x[i];
+  *out = static_cast<float>(total);
 }
 
-}  // namespace dptrain::ops
+bool all_finite(const float* x, int64_t n) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) bad |= not_finite(x[i]);
+  return bad == 0;
+}
+
+// Restrict pointers and a by-value copy of the step: with the scalars read through a reference GCC
+// assumes the stores may change them and does not vectorise the loop.
+void sgd_step(float* __restrict params, const float* __restrict grads, float* __restrict momentum_buffer,
+              int64_t n, const SgdStep& step) {
+  const SgdStep s = step;
+  if (s.momentum == 0.0f) {
+    float unused = 0.0f;
+    for (int64_t i = 0; i < n; ++i) sgd_update(params[i], grads[i], unused, s);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) sgd_update(params[i], grads[i], momentum_buffer[i], s);
+}
+
+void adam_step(float* __restrict params, const float* __restrict grads, float* __restrict exp_avg,
+               float* __restrict exp_avg_sq, int64_t n, const AdamStep& step) {
+  const AdamStep s = step;
+  for (int64_t i = 0; i < n; ++i) adam_update(params[i], grads[i], exp_avg[i], exp_avg_sq[i], s);
+}
+
+}  // namespace dptrain::cpu

@@ -1,12 +1,13 @@
 // The autograd tape: accumulation, no-grad mode, gradient buffers only where needed, the
 // grad-ready hook on leaves, and errors.
+#include "core/autograd.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
 #include <vector>
 
-#include "core/autograd.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/tensor.h"
@@ -118,14 +119,14 @@ TEST_F(Autograd, GradReadyHookFiresOnceAfterLastUse) {
   const Tensor v = values({2, 2}, {1.0f, 2.0f, 3.0f, 4.0f}, true);
   int w_calls = 0, v_calls = 0;
   std::vector<float> w_seen;
-  w.impl()->on_grad_ready = [&] {
+  const GradHook w_hook = w.on_grad_ready([&] {
     ++w_calls;
     w_seen.assign(w.grad().begin(), w.grad().end());
-  };
-  v.impl()->on_grad_ready = [&] {
+  });
+  const GradHook v_hook = v.on_grad_ready([&] {
     ++v_calls;
     EXPECT_EQ(w_calls, v_calls - 1) << "v is used last in the forward pass, so its gradient is ready first";
-  };
+  });
 
   // h = tanh(x W^T); y = h W^T; z = y V^T; loss = sum(z)
   const auto forward = [&] {
@@ -166,7 +167,35 @@ TEST_F(Autograd, GradReadyHookFiresOnceAfterLastUse) {
   forward().backward();
   EXPECT_EQ(w_calls, 3);
   EXPECT_EQ(v_calls, 3);
-  EXPECT_EQ(w.impl()->pending_grad_uses, 0);
+}
+
+// Several hooks on one tensor all fire; a hook whose handle is gone never does again.
+TEST_F(Autograd, GradReadyHooksAreIndependentAndRemovedWithTheirHandle) {
+  const Tensor w = values({2}, {0.5f, -1.0f}, true);
+  int first = 0, second = 0;
+  GradHook first_hook = w.on_grad_ready([&] { ++first; });
+  {
+    const GradHook second_hook = w.on_grad_ready([&] { ++second; });
+    ops::sum(ops::tanh(w)).backward();
+    EXPECT_EQ(first, 1);
+    EXPECT_EQ(second, 1);
+  }
+  ops::sum(ops::tanh(w)).backward();
+  EXPECT_EQ(first, 2);
+  EXPECT_EQ(second, 1) << "the second hook's handle was destroyed";
+  first_hook.reset();
+  ops::sum(ops::tanh(w)).backward();
+  EXPECT_EQ(first, 2);
+}
+
+// backward() from a non-scalar root takes the upstream gradient as given.
+TEST_F(Autograd, BackwardWithAnUpstreamGradient) {
+  const Tensor w = values({3}, {1.0f, -2.0f, 0.5f}, true);
+  const Tensor upstream = values({3}, {0.25f, 1.0f, -3.0f});
+  autograd::backward(ops::relu(w), upstream);
+  EXPECT_EQ(w.grad()[0], 0.25f);
+  EXPECT_EQ(w.grad()[1], 0.0f);
+  EXPECT_EQ(w.grad()[2], -3.0f);
 }
 
 TEST_F(Autograd, BackwardOnNonScalarThrows) {

@@ -41,7 +41,8 @@ std::vector<float> uniform_values(int64_t n, uint64_t seed, float lo = -1.0f, fl
   return v;
 }
 
-Tensor random_tensor(const Shape& shape, uint64_t seed, bool requires_grad = true, float lo = -1.0f, float hi = 1.0f) {
+Tensor random_tensor(const Shape& shape, uint64_t seed, bool requires_grad = true, float lo = -1.0f,
+                     float hi = 1.0f) {
   return Tensor::from_data(shape, uniform_values(shape_numel(shape), seed, lo, hi), requires_grad);
 }
 
@@ -120,7 +121,8 @@ void gradcheck(const Op& f, const std::vector<Tensor>& inputs, double eps = kEps
       const double an = analytic[i];
       const double tol = atol + rtol * std::max(std::abs(an), std::abs(fd));
       if (std::abs(an - fd) > tol && ++failures <= 5)
-        ADD_FAILURE() << "input " << k << " element " << i << ": analytic " << an << " vs finite difference " << fd;
+        ADD_FAILURE() << "input " << k << " element " << i << ": analytic " << an << " vs finite difference "
+                      << fd;
     }
     EXPECT_EQ(failures, 0) << "input " << k << ": " << failures << " of " << x.numel() << " elements differ";
   }
@@ -143,7 +145,8 @@ std::vector<double> ref_matmul(const Tensor& a, const Tensor& b) {
   std::vector<double> y(m * n, 0.0);
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j)
-      for (int64_t t = 0; t < k; ++t) y[i * n + j] += static_cast<double>(a.data()[i * k + t]) * b.data()[t * n + j];
+      for (int64_t t = 0; t < k; ++t)
+        y[i * n + j] += static_cast<double>(a.data()[i * k + t]) * b.data()[t * n + j];
   return y;
 }
 
@@ -153,7 +156,8 @@ std::vector<double> ref_linear(const Tensor& x, const Tensor& w, const Tensor& b
   for (int64_t i = 0; i < batch; ++i)
     for (int64_t o = 0; o < out; ++o) {
       double acc = b.defined() ? b.data()[o] : 0.0;
-      for (int64_t t = 0; t < in; ++t) acc += static_cast<double>(x.data()[i * in + t]) * w.data()[o * in + t];
+      for (int64_t t = 0; t < in; ++t)
+        acc += static_cast<double>(x.data()[i * in + t]) * w.data()[o * in + t];
       y[i * out + o] = acc;
     }
   return y;
@@ -191,7 +195,8 @@ std::vector<double> ref_maxpool(const Tensor& x, int k, int s) {
       for (int64_t j = 0; j < OW; ++j) {
         double best = -INFINITY;
         for (int a = 0; a < k; ++a)
-          for (int c = 0; c < k; ++c) best = std::max<double>(best, x.data()[(p * H + i * s + a) * W + j * s + c]);
+          for (int c = 0; c < k; ++c)
+            best = std::max<double>(best, x.data()[(p * H + i * s + a) * W + j * s + c]);
         y.push_back(best);
       }
   return y;
@@ -246,15 +251,19 @@ struct ConvCase {
   bool bias;
 };
 
-void PrintTo(const ConvCase& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const ConvCase& c, std::ostream* os) {
+  *os << c.name;
+}
 
 class ConvGradCheck : public ::testing::TestWithParam<ConvCase> {};
 
 TEST_P(ConvGradCheck, ForwardAndGradients) {
   const ConvCase& c = GetParam();
-  const Tensor x = random_tensor(c.x, 20), w = random_tensor(c.w, 21), b = c.bias ? random_tensor({c.w[0]}, 22) : Tensor();
+  const Tensor x = random_tensor(c.x, 20), w = random_tensor(c.w, 21),
+               b = c.bias ? random_tensor({c.w[0]}, 22) : Tensor();
   const Tensor y = ops::conv2d(x, w, b, {c.stride, c.pad});
-  const int64_t oh = (c.x[2] + 2 * c.pad - c.w[2]) / c.stride + 1, ow = (c.x[3] + 2 * c.pad - c.w[3]) / c.stride + 1;
+  const int64_t oh = (c.x[2] + 2 * c.pad - c.w[2]) / c.stride + 1,
+                ow = (c.x[3] + 2 * c.pad - c.w[3]) / c.stride + 1;
   EXPECT_EQ(y.shape(), (Shape{c.x[0], c.w[0], oh, ow}));
   expect_forward(y, ref_conv2d(x, w, b, c.stride, c.pad));
   const int stride = c.stride, pad = c.pad;
@@ -285,7 +294,9 @@ struct PoolCase {
   int kernel, stride;
 };
 
-void PrintTo(const PoolCase& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const PoolCase& c, std::ostream* os) {
+  *os << c.name;
+}
 
 class PoolGradCheck : public ::testing::TestWithParam<PoolCase> {};
 
@@ -301,10 +312,13 @@ TEST_P(PoolGradCheck, ForwardAndGradients) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Pool, PoolGradCheck,
-                         ::testing::Values(PoolCase{"k2s2", {2, 3, 6, 6}, 2, 2}, PoolCase{"k3s2", {2, 2, 7, 7}, 3, 2},
+                         ::testing::Values(PoolCase{"k2s2", {2, 3, 6, 6}, 2, 2},
+                                           PoolCase{"k3s2", {2, 2, 7, 7}, 3, 2},
                                            PoolCase{"k2s2_ragged", {1, 2, 7, 5}, 2, 2},
                                            PoolCase{"k3s1_overlap", {1, 1, 5, 6}, 3, 1}),
-                         [](const ::testing::TestParamInfo<PoolCase>& info) { return std::string(info.param.name); });
+                         [](const ::testing::TestParamInfo<PoolCase>& info) {
+                           return std::string(info.param.name);
+                         });
 
 // ---- pointwise ------------------------------------------------------------------------------
 
@@ -458,10 +472,10 @@ TEST(GradCheck, CompositeNetwork) {
   const Tensor w2 = random_tensor({4, 12}, 83), b2 = random_tensor({4}, 84);
   gradcheck(
       [x](const std::vector<Tensor>& in) {
-        Tensor h = ops::tanh(ops::conv2d(x, in[0], in[1], {1, 0}));           // [2,3,4,4]
-        h = ops::flatten(ops::maxpool2d(h, 2, 2));                            // [2,12]
-        h = ops::sigmoid(ops::linear(h, in[2], in[3]));                       // [2,4]
-        return ops::add_bias(h, in[3]);                                       // b2 used twice
+        Tensor h = ops::tanh(ops::conv2d(x, in[0], in[1], {1, 0}));  // [2,3,4,4]
+        h = ops::flatten(ops::maxpool2d(h, 2, 2));                   // [2,12]
+        h = ops::sigmoid(ops::linear(h, in[2], in[3]));              // [2,4]
+        return ops::add_bias(h, in[3]);                              // b2 used twice
       },
       {w1, b1, w2, b2});
 }

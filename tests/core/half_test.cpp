@@ -1,6 +1,8 @@
 // fp16/bf16 conversions: the portable bit-manipulation conversions agree with the hardware's (F16C)
 // on every half value and on a sweep of float bit patterns, the buffer conversions (vectorised for
 // fp16) agree with the scalar ones element by element, tails included, and closed-form values.
+#include "core/half.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,7 +10,6 @@
 #include <limits>
 #include <vector>
 
-#include "core/half.h"
 #include "core/rng.h"
 
 namespace dptrain {
@@ -23,10 +24,10 @@ float bits_to_float(uint32_t bits) {
 TEST(Half, ClosedFormValues) {
   EXPECT_EQ(float_to_half(1.0f), 0x3c00);
   EXPECT_EQ(float_to_half(-2.0f), 0xc000);
-  EXPECT_EQ(float_to_half(65504.0f), 0x7bff);                        // largest finite half
-  EXPECT_EQ(float_to_half(65520.0f), 0x7c00);                        // rounds up to infinity
-  EXPECT_EQ(float_to_half(std::ldexp(1.0f, -24)), 0x0001);           // smallest subnormal
-  EXPECT_EQ(float_to_half(1.0f + std::ldexp(1.0f, -11)), 0x3c00);    // tie rounds to even
+  EXPECT_EQ(float_to_half(65504.0f), 0x7bff);                      // largest finite half
+  EXPECT_EQ(float_to_half(65520.0f), 0x7c00);                      // rounds up to infinity
+  EXPECT_EQ(float_to_half(std::ldexp(1.0f, -24)), 0x0001);         // smallest subnormal
+  EXPECT_EQ(float_to_half(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie rounds to even
   EXPECT_EQ(half_to_float(0x3555), 0.333251953125f);
   EXPECT_EQ(float_to_bfloat16(1.0f), 0x3f80);
   EXPECT_EQ(bfloat16_to_float(0x4049), 3.140625f);
@@ -35,7 +36,8 @@ TEST(Half, ClosedFormValues) {
 
 TEST(Half, PortableMatchesHardwareOnEveryHalf) {
   for (uint32_t h = 0; h < 65536; ++h) {
-    const float a = half_to_float(static_cast<uint16_t>(h)), b = half_to_float_portable(static_cast<uint16_t>(h));
+    const float a = half_to_float(static_cast<uint16_t>(h)),
+                b = half_to_float_portable(static_cast<uint16_t>(h));
     if (std::isnan(a)) {
       ASSERT_TRUE(std::isnan(b)) << std::hex << h;
     } else {
@@ -64,7 +66,8 @@ TEST(Half, BufferConversionsMatchScalar) {
       const bool fp16 = format == HalfFormat::kFp16;
       floats_to_halves(src.data(), half.data(), n, 0.25f, format);
       for (int64_t i = 0; i < n; ++i)
-        ASSERT_EQ(half[i], fp16 ? float_to_half(src[i] * 0.25f) : float_to_bfloat16(src[i] * 0.25f)) << n << " " << i;
+        ASSERT_EQ(half[i], fp16 ? float_to_half(src[i] * 0.25f) : float_to_bfloat16(src[i] * 0.25f))
+            << n << " " << i;
       halves_to_floats(half.data(), back.data(), n, format);
       for (int64_t i = 0; i < n; ++i) {
         const float expect = fp16 ? half_to_float(half[i]) : bfloat16_to_float(half[i]);

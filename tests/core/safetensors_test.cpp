@@ -1,6 +1,9 @@
 // safetensors: round trips, the PyTorch-written fixture checked against an independent reader in
 // this file, and every corruption case reported as a dptrain::Error naming the source and problem.
+#include "core/safetensors.h"
+
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdint>
@@ -9,14 +12,11 @@
 #include <fstream>
 #include <initializer_list>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "core/error.h"
-#include "core/safetensors.h"
 #include "core/tensor.h"
 
 namespace dptrain {
@@ -52,7 +52,8 @@ void expect_parse_error(const std::vector<char>& bytes, std::initializer_list<st
   const std::string source = "corrupt_case.safetensors";
   try {
     safetensors::parse(bytes, source);
-    ADD_FAILURE() << "parse accepted a corrupt file; expected an error mentioning '" << *fragments.begin() << "'";
+    ADD_FAILURE() << "parse accepted a corrupt file; expected an error mentioning '" << *fragments.begin()
+                  << "'";
   } catch (const Error& e) {
     const std::string message = e.what();
     EXPECT_NE(message.find(source), std::string::npos) << "message does not name the source: " << message;
@@ -87,12 +88,14 @@ TEST(Safetensors, RoundTripNamesShapesValuesMetadata) {
 
 // The serialised bytes follow the format: u64 LE header length, 8-byte aligned data, contiguous offsets.
 TEST(Safetensors, SerializedLayoutIsStandard) {
-  const std::vector<char> bytes = safetensors::serialize({{"a", iota({2, 3}, 0.0f)}, {"b", iota({1}, 9.0f)}}, {{"k", "v"}});
+  const std::vector<char> bytes =
+      safetensors::serialize({{"a", iota({2, 3}, 0.0f)}, {"b", iota({1}, 9.0f)}}, {{"k", "v"}});
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
   EXPECT_EQ(n % 8, 0u);
   ASSERT_EQ(bytes.size(), 8 + n + 7 * 4);
-  const auto header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n));
+  const auto header =
+      nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n));
   EXPECT_EQ(header["a"]["dtype"], "F32");
   EXPECT_EQ(header["a"]["shape"], nlohmann::json({2, 3}));
   EXPECT_EQ(header["a"]["data_offsets"], nlohmann::json({0, 24}));
@@ -105,8 +108,8 @@ TEST(Safetensors, SerializedLayoutIsStandard) {
 
 TEST(Safetensors, RoundTripOfZeroElementTensors) {
   // A zero-element tensor occupies an empty span [o, o) at the same offset where the next tensor begins.
-  const std::vector<NamedTensor> tensors{{"first", iota({2}, 1.0f)}, {"empty", iota({0, 3}, 0.0f)},
-                                         {"after", iota({3}, 5.0f)}};
+  const std::vector<NamedTensor> tensors{
+      {"first", iota({2}, 1.0f)}, {"empty", iota({0, 3}, 0.0f)}, {"after", iota({3}, 5.0f)}};
   const std::vector<char> bytes = safetensors::serialize(tensors);
   const safetensors::File file = safetensors::parse(bytes, "zero.safetensors");
   ASSERT_EQ(file.tensors.size(), 3u);
@@ -135,7 +138,8 @@ TEST(Safetensors, ParsesTheTorchFixtureLikeAnIndependentReader) {
   const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   uint64_t n = 0;
   std::memcpy(&n, bytes.data(), 8);  // little-endian host
-  const auto header = nlohmann::ordered_json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n));
+  const auto header =
+      nlohmann::ordered_json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n));
   const char* data = bytes.data() + 8 + n;
 
   const safetensors::File file = safetensors::load(path);
@@ -213,8 +217,10 @@ TEST(SafetensorsCorrupt, HeaderNotAnObject) {
 }
 
 TEST(SafetensorsCorrupt, OffsetsOutOfRange) {
-  expect_parse_error(image(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4), {"'w'", "out of range"});
-  expect_parse_error(image(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[8,4]}})", 8), {"'w'", "out of range"});
+  expect_parse_error(image(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4),
+                     {"'w'", "out of range"});
+  expect_parse_error(image(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[8,4]}})", 8),
+                     {"'w'", "out of range"});
   expect_parse_error(image(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", 8), {"'w'"});
 }
 
@@ -228,7 +234,8 @@ TEST(SafetensorsCorrupt, OverlappingOffsets) {
 TEST(SafetensorsCorrupt, SizeShapeMismatch) {
   expect_parse_error(image(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8),
                      {"'w'", "[3]", "needs 12 bytes", "span 8"});
-  expect_parse_error(image(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4), {"'w'", "invalid shape"});
+  expect_parse_error(image(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4),
+                     {"'w'", "invalid shape"});
 }
 
 TEST(SafetensorsCorrupt, UnsupportedDtype) {
@@ -245,7 +252,8 @@ TEST(SafetensorsCorrupt, MetadataValueNotAString) {
 TEST(SafetensorsCorrupt, MalformedEntries) {
   expect_parse_error(image(R"({"w":{"shape":[1],"data_offsets":[0,4]}})", 4), {"'w'", "malformed"});
   expect_parse_error(image(R"({"w":5})", 4), {"'w'", "malformed"});
-  expect_parse_error(image(R"({"w":{"dtype":"F32","shape":"x","data_offsets":[0,4]}})", 4), {"'w'", "malformed"});
+  expect_parse_error(image(R"({"w":{"dtype":"F32","shape":"x","data_offsets":[0,4]}})", 4),
+                     {"'w'", "malformed"});
 }
 
 TEST(Safetensors, LoadNamesAMissingFile) {

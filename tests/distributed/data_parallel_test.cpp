@@ -20,6 +20,7 @@
 #include "core/ops.h"
 #include "core/rng.h"
 #include "distributed/communicator.h"
+#include "distributed/mpi_communicator.h"
 #include "distributed/reducer.h"
 #include "layers/build.h"
 #include "mpi_test_env.h"
@@ -64,7 +65,7 @@ void backward_on(layers::Sequential& model, const Batch& batch, int64_t first, i
 
 void expect_averaged_gradient_equals_large_batch_gradient(const char* layers_json) {
   autograd::clear_tape();
-  Communicator comm(MPI_COMM_WORLD);
+  MpiCommunicator comm(test::world());
   const Json layers = Json::parse(layers_json);
   const Batch batch = random_batch(2024);  // the same global batch on every rank
 
@@ -72,15 +73,13 @@ void expect_averaged_gradient_equals_large_batch_gradient(const char* layers_jso
   auto whole = layers::build_sequential(layers, {1, 14, 14}, /*seed=*/7);
   backward_on(*whole, batch, 0, kGlobalBatch, 1.0f);
 
-  // This rank's slice of it, averaged over the ranks as the trainer does (backward seeded with 1/N,
-  // the allreduce sums).
+  // This rank's slice of it, averaged over the ranks as the trainer does.
   auto sliced = layers::build_sequential(layers, {1, 14, 14}, /*seed=*/7);
-  GradientReducer reducer(
-      comm, sliced->named_parameters(),
-      {.fusion_threshold_mb = 0.01, .first_bucket_mb = 0.001, .gradients_prescaled = true});
+  const FlatParameters flat(sliced->named_parameters(), Device::cpu());
+  GradientReducer reducer(comm, flat, {.fusion_threshold_mb = 0.01, .first_bucket_mb = 0.001});
   const int64_t per_rank = kGlobalBatch / comm.size();
   reducer.prepare(0);
-  backward_on(*sliced, batch, comm.rank() * per_rank, per_rank, 1.0f / static_cast<float>(comm.size()));
+  backward_on(*sliced, batch, comm.rank() * per_rank, per_rank, reducer.loss_scale(1));
   reducer.finish();
 
   const std::vector<NamedTensor> expected = whole->named_parameters(), averaged = sliced->named_parameters();

@@ -15,6 +15,7 @@
 #include "core/autograd.h"
 #include "core/ops.h"
 #include "distributed/communicator.h"
+#include "distributed/mpi_communicator.h"
 #include "distributed/reducer.h"
 #include "distributed/state_sync.h"
 #include "layers/module.h"
@@ -29,20 +30,27 @@ constexpr double kTol = 1e-6;
 void expect_rows(const Tensor& t, std::array<double, 2> row, const char* what) {
   ASSERT_EQ(t.numel(), 6);
   for (int o = 0; o < 3; ++o)
-    for (int i = 0; i < 2; ++i) { EXPECT_NEAR(t.data()[o * 2 + i], row[i], kTol) << what << " [" << o << ", " << i << "]"; }
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_NEAR(t.data()[o * 2 + i], row[i], kTol) << what << " [" << o << ", " << i << "]";
+    }
 }
 void expect_grad_rows(const Tensor& t, std::array<double, 2> row, const char* what) {
   for (int o = 0; o < 3; ++o)
-    for (int i = 0; i < 2; ++i) { EXPECT_NEAR(t.grad()[o * 2 + i], row[i], kTol) << what << " [" << o << ", " << i << "]"; }
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_NEAR(t.grad()[o * 2 + i], row[i], kTol) << what << " [" << o << ", " << i << "]";
+    }
 }
 void expect_all(std::span<const float> v, double value, const char* what) {
-  for (std::size_t k = 0; k < v.size(); ++k) { EXPECT_NEAR(v[k], value, kTol) << what << " [" << k << "]"; }
+  for (std::size_t k = 0; k < v.size(); ++k) {
+    EXPECT_NEAR(v[k], value, kTol) << what << " [" << k << "]";
+  }
 }
 
 // With overlap on, a bucket's allreduce may run in place on the gradients while backward goes on,
 // so the local gradients are inspected only with overlap off.
 TEST(HorovodWalkthrough, TwoRankSgdStepThenBroadcast) {
-  if (test::size() != 2) GTEST_SKIP() << "Horovod's walkthrough is for exactly 2 ranks (world size " << test::size() << ")";
+  if (test::size() != 2)
+    GTEST_SKIP() << "Horovod's walkthrough is for exactly 2 ranks (world size " << test::size() << ")";
   const int r = test::rank();
   for (bool overlap : {false, true}) {
     SCOPED_TRACE(overlap ? "overlap on" : "overlap off");
@@ -53,23 +61,23 @@ TEST(HorovodWalkthrough, TwoRankSgdStepThenBroadcast) {
     const std::vector<float> x0 = {0.54881352f, 0.71518934f, 0.60276335f, 0.54488319f,
                                    0.42365479f, 0.64589411f, 0.43758720f, 0.89177299f};
     const std::vector<float> x1 = {0.41702199f, 0.72032452f, 0.000114374816f, 0.30233258f,
-                                   0.14675589f, 0.09233859f, 0.18626021f, 0.34556073f};
+                                   0.14675589f, 0.09233859f, 0.18626021f,     0.34556073f};
     const Tensor x = Tensor::from_data({4, 2}, r == 0 ? x0 : x1);
 
-    Communicator comm(MPI_COMM_WORLD);
-    optim::Sgd sgd(dense.named_parameters(), optim::SgdOptions{});
-    ReducerOptions options;
-    options.overlap = overlap;
-    GradientReducer reducer(comm, dense.named_parameters(), options);
+    MpiCommunicator comm(test::world());
+    const FlatParameters flat(dense.named_parameters(), Device::cpu());
+    optim::Sgd sgd(flat, optim::SgdOptions{});
+    GradientReducer reducer(comm, flat, {.overlap = overlap});
     sgd.zero_grad();
     reducer.prepare(0);
-    ops::sum(dense.forward(x)).backward();
+    ops::sum(dense.forward(x)).backward(reducer.loss_scale(1));
 
-    if (!overlap) {  // local gradients, before the reducer averages them
-      expect_grad_rows(dense.weight(), r == 0 ? std::array<double, 2>{2.0128188, 2.7977395}
-                                              : std::array<double, 2>{0.75015247, 1.4605565},
+    if (!overlap) {  // local gradients, before the reducer sums them: Horovod's, divided by the 2 ranks
+      expect_grad_rows(dense.weight(),
+                       r == 0 ? std::array<double, 2>{2.0128188 / 2, 2.7977395 / 2}
+                              : std::array<double, 2>{0.75015247 / 2, 1.4605565 / 2},
                        "local kernel gradient");
-      expect_all(dense.bias().grad(), 4.0, "local bias gradient");
+      expect_all(dense.bias().grad(), 4.0 / 2, "local bias gradient");
     }
 
     reducer.finish();
@@ -86,7 +94,7 @@ TEST(HorovodWalkthrough, TwoRankSgdStepThenBroadcast) {
     }
 
     int64_t steps = sgd.steps_taken();
-    broadcast_state(comm, sgd.parameters(), sgd.state(), std::span<int64_t>(&steps, 1));
+    broadcast_state(comm, {flat.values()}, std::span<int64_t>(&steps, 1));
     expect_rows(dense.weight(), {-0.3814857, -1.129148}, "kernel after broadcast_state");
     expect_all(dense.bias().values(), -3.0, "bias after broadcast_state");
     EXPECT_EQ(steps, 1);

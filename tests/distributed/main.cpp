@@ -17,8 +17,8 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
   explicit RankFailurePrinter(int rank) : rank_(rank) {}
   void OnTestPartResult(const ::testing::TestPartResult& result) override {
     if (!result.failed()) return;
-    std::fprintf(stderr, "[rank %d] %s:%d: Failure\n%s\n", rank_, result.file_name() ? result.file_name() : "?",
-                 result.line_number(), result.message());
+    std::fprintf(stderr, "[rank %d] %s:%d: Failure\n%s\n", rank_,
+                 result.file_name() ? result.file_name() : "?", result.line_number(), result.message());
     std::fflush(stderr);
   }
   void OnTestEnd(const ::testing::TestInfo& info) override {
@@ -32,7 +32,9 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 };
 }  // namespace
 
-World& world() { return *g_world; }
+World& world() {
+  return *g_world;
+}
 
 }  // namespace dptrain::distributed::test
 

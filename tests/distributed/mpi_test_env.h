@@ -13,15 +13,22 @@
 #include <cstring>
 #include <vector>
 
+#include "core/parameters.h"
 #include "core/tensor.h"
+#include "distributed/communicator.h"
+#include "distributed/reducer.h"
 #include "distributed/world.h"
 
 namespace dptrain::distributed::test {
 
 World& world();  // defined in main.cpp
 
-inline int rank() { return world().rank(); }
-inline int size() { return world().size(); }
+inline int rank() {
+  return world().rank();
+}
+inline int size() {
+  return world().size();
+}
 
 // Rank 0's copy of `values`, obtained with a plain MPI_Bcast (not the Communicator under test).
 inline std::vector<float> root_copy(std::span<const float> values) {
@@ -48,5 +55,44 @@ inline bool all_ranks(bool local) {
 inline bool bitwise_equal(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
+
+// A communicator of this process alone, whatever the world's size: every collective leaves its
+// buffers as they are, as the MPI communicator of a world of one does.
+class SelfCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  bool accepts(Device device) const override { return device.is_host(); }
+  void wait(Pending& pending) override { pending.take(); }
+  void barrier(const std::string&) override {}
+  std::vector<std::string> gather_to_root(const std::string& mine, const std::string&) override {
+    return {mine};
+  }
+
+ protected:
+  Pending start_allreduce_elements(void*, std::size_t, DataType, ReduceOp, std::string,
+                                   std::string) override {
+    return {};
+  }
+  void allreduce_elements(void*, std::size_t, DataType, ReduceOp, const std::string&) override {}
+  void broadcast_elements(void*, std::size_t, DataType, int, const std::string&) override {}
+  void allgather_elements(const void* send, void* recv, std::size_t count, DataType type,
+                          const std::string&) override {
+    const std::size_t bytes = type == DataType::kF32 || type == DataType::kI32 ? 4
+                              : type == DataType::kU8                          ? 1
+                              : type == DataType::kF64 || type == DataType::kI64 || type == DataType::kU64
+                                  ? 8
+                                  : 2;
+    std::memcpy(recv, send, count * bytes);
+  }
+};
+
+// A gradient reducer over `parameters` moved into flat buffers of their own (the trainer's layout).
+struct TestReducer {
+  TestReducer(Communicator& comm, std::vector<NamedTensor> parameters, ReducerOptions options)
+      : flat(std::move(parameters), Device::cpu()), reducer(comm, flat, options) {}
+  FlatParameters flat;
+  GradientReducer reducer;
+};
 
 }  // namespace dptrain::distributed::test

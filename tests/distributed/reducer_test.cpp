@@ -6,13 +6,15 @@
 // training: a linear chain z = ((x W1^T + b1) W2^T + b2) W3^T + b3, loss = sum(z), with a batch x
 // that differs per rank. Its gradients have a closed form the test evaluates in double for every
 // rank (reference()), independently of the ops, the tape and MPI.
+#include "distributed/reducer.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -22,7 +24,7 @@
 #include "core/error.h"
 #include "core/ops.h"
 #include "distributed/communicator.h"
-#include "distributed/reducer.h"
+#include "distributed/mpi_communicator.h"
 #include "mpi_test_env.h"
 
 namespace dptrain::distributed {
@@ -42,12 +44,15 @@ std::vector<NamedTensor> flat_parameters(const std::vector<int64_t>& sizes) {
   return p;
 }
 
-int64_t floats_in(double mb) { return static_cast<int64_t>(mb * 1024 * 1024 / 4); }
+int64_t floats_in(double mb) {
+  return static_cast<int64_t>(mb * 1024 * 1024 / 4);
+}
 
 // Holds for any sizes: buckets cover the parameters in reverse registration order, in increasing
 // non-overlapping ranges of the flat buffer that hold at least their tensors; threshold 0 means one
 // bucket per tensor.
-void check_layout_basics(const std::vector<int64_t>& sizes, const ReducerOptions& o, const std::vector<Bucket>& buckets) {
+void check_layout_basics(const std::vector<int64_t>& sizes, const ReducerOptions& o,
+                         const std::vector<Bucket>& buckets) {
   std::vector<std::size_t> order;
   int64_t end = 0;
   for (std::size_t b = 0; b < buckets.size(); ++b) {
@@ -61,7 +66,9 @@ void check_layout_basics(const std::vector<int64_t>& sizes, const ReducerOptions
     }
     EXPECT_GE(bucket.numel, numel) << "bucket " << b;
     end = bucket.offset + bucket.numel;
-    if (o.fusion_threshold_mb == 0) { EXPECT_EQ(bucket.parameters.size(), 1u) << "bucket " << b; }
+    if (o.fusion_threshold_mb == 0) {
+      EXPECT_EQ(bucket.parameters.size(), 1u) << "bucket " << b;
+    }
   }
   std::vector<std::size_t> reverse(sizes.size());
   std::iota(reverse.rbegin(), reverse.rend(), std::size_t{0});
@@ -72,8 +79,10 @@ void check_layout_basics(const std::vector<int64_t>& sizes, const ReducerOptions
 // holds <= first_bucket_mb (capped by the threshold) and every later bucket <= fusion_threshold_mb,
 // unless it is a single tensor larger than that; buckets are filled greedily (the next bucket's
 // first tensor would not have fit).
-void check_layout_rule(const std::vector<int64_t>& sizes, const ReducerOptions& o, const std::vector<Bucket>& buckets) {
-  SCOPED_TRACE("fusion " + std::to_string(o.fusion_threshold_mb) + " MB, first " + std::to_string(o.first_bucket_mb) + " MB");
+void check_layout_rule(const std::vector<int64_t>& sizes, const ReducerOptions& o,
+                       const std::vector<Bucket>& buckets) {
+  SCOPED_TRACE("fusion " + std::to_string(o.fusion_threshold_mb) + " MB, first " +
+               std::to_string(o.first_bucket_mb) + " MB");
   check_layout_basics(sizes, o, buckets);
   int64_t offset = 0;
   for (std::size_t b = 0; b < buckets.size(); ++b) {
@@ -84,10 +93,14 @@ void check_layout_rule(const std::vector<int64_t>& sizes, const ReducerOptions& 
     EXPECT_EQ(bucket.numel, numel) << "bucket " << b;
     offset += numel;
     if (o.fusion_threshold_mb == 0) continue;
-    const int64_t cap = b == 0 ? floats_in(std::min(o.first_bucket_mb, o.fusion_threshold_mb)) : floats_in(o.fusion_threshold_mb);
-    if (bucket.parameters.size() > 1) { EXPECT_LE(bucket.numel, cap) << "bucket " << b; }
+    const int64_t cap = b == 0 ? floats_in(std::min(o.first_bucket_mb, o.fusion_threshold_mb))
+                               : floats_in(o.fusion_threshold_mb);
+    if (bucket.parameters.size() > 1) {
+      EXPECT_LE(bucket.numel, cap) << "bucket " << b;
+    }
     if (b + 1 < buckets.size()) {
-      EXPECT_GT(bucket.numel + sizes[buckets[b + 1].parameters.front()], cap) << "bucket " << b << " was not filled greedily";
+      EXPECT_GT(bucket.numel + sizes[buckets[b + 1].parameters.front()], cap)
+          << "bucket " << b << " was not filled greedily";
     }
   }
 }
@@ -95,9 +108,10 @@ void check_layout_rule(const std::vector<int64_t>& sizes, const ReducerOptions& 
 TEST(ReducerBuckets, WorkedExample) {
   // Thresholds in floats: fusion 1/1024 MB = 256, first 1/4096 MB = 64.
   const std::vector<int64_t> sizes = {320, 112, 96, 48, 64, 16};
-  Communicator comm(MPI_COMM_WORLD);
+  MpiCommunicator comm(test::world());
   const ReducerOptions o{1.0 / 1024, 1.0 / 4096, true, Compression::kNone};
-  GradientReducer reducer(comm, flat_parameters(sizes), o);
+  test::TestReducer reducer_owner(comm, flat_parameters(sizes), o);
+  GradientReducer& reducer = reducer_owner.reducer;
   // Backward order p5 p4 p3 p2 p1 p0. First bucket, cap 64: {p5} = 16 (+ 64 > 64). Then cap 256:
   // {p4, p3, p2} = 208 (+ 112 > 256), {p1} = 112 (+ 320 > 256), {p0} = 320 (alone, over the cap).
   const auto& b = reducer.buckets();
@@ -117,9 +131,10 @@ TEST(ReducerBuckets, WorkedExample) {
 
 TEST(ReducerBuckets, FirstBucketMayHoldSeveralSmallTensors) {
   const std::vector<int64_t> sizes = {208, 16, 16, 16};
-  Communicator comm(MPI_COMM_WORLD);
+  MpiCommunicator comm(test::world());
   const ReducerOptions o{1.0 / 1024, 1.0 / 4096, false, Compression::kNone};  // caps 256, 64
-  GradientReducer reducer(comm, flat_parameters(sizes), o);
+  test::TestReducer reducer_owner(comm, flat_parameters(sizes), o);
+  GradientReducer& reducer = reducer_owner.reducer;
   const auto& b = reducer.buckets();
   ASSERT_EQ(b.size(), 2u);
   EXPECT_EQ(b[0].parameters, (std::vector<std::size_t>{3, 2, 1}));  // 48 <= 64
@@ -129,29 +144,34 @@ TEST(ReducerBuckets, FirstBucketMayHoldSeveralSmallTensors) {
 
 TEST(ReducerBuckets, ThresholdBelowFirstBucketCapsTheFirstBucketToo) {
   const std::vector<int64_t> sizes = {32, 32, 32, 32};
-  Communicator comm(MPI_COMM_WORLD);
+  MpiCommunicator comm(test::world());
   const ReducerOptions o{1.0 / 16384, 1, true, Compression::kNone};  // fusion 16 floats < first 1 MB
-  GradientReducer reducer(comm, flat_parameters(sizes), o);
+  test::TestReducer reducer_owner(comm, flat_parameters(sizes), o);
+  GradientReducer& reducer = reducer_owner.reducer;
   ASSERT_EQ(reducer.buckets().size(), 4u);  // every tensor is over the 16-float cap: one each
   check_layout_rule(sizes, o, reducer.buckets());
 }
 
 TEST(ReducerBuckets, ThresholdZeroMeansOneBucketPerTensor) {
   const std::vector<int64_t> sizes = {7, 1, 3, 1000, 2};
-  Communicator comm(MPI_COMM_WORLD);
+  MpiCommunicator comm(test::world());
   const ReducerOptions o{0, 1, true, Compression::kNone};
-  GradientReducer reducer(comm, flat_parameters(sizes), o);
+  test::TestReducer reducer_owner(comm, flat_parameters(sizes), o);
+  GradientReducer& reducer = reducer_owner.reducer;
   const auto& b = reducer.buckets();
   ASSERT_EQ(b.size(), sizes.size());
-  for (std::size_t i = 0; i < b.size(); ++i) { EXPECT_EQ(b[i].parameters, std::vector<std::size_t>{sizes.size() - 1 - i}); }
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    EXPECT_EQ(b[i].parameters, std::vector<std::size_t>{sizes.size() - 1 - i});
+  }
   check_layout_basics(sizes, o, b);
 }
 
 TEST(ReducerBuckets, HugeThresholdGivesASmallFirstBucketThenOneBucket) {
   const std::vector<int64_t> sizes = {100000, 300000, 200000, 16};  // floats; 1 MB = 262144 floats
-  Communicator comm(MPI_COMM_WORLD);
+  MpiCommunicator comm(test::world());
   const ReducerOptions o{128, 1, true, Compression::kNone};
-  GradientReducer reducer(comm, flat_parameters(sizes), o);
+  test::TestReducer reducer_owner(comm, flat_parameters(sizes), o);
+  GradientReducer& reducer = reducer_owner.reducer;
   const auto& b = reducer.buckets();
   ASSERT_EQ(b.size(), 2u);
   EXPECT_EQ(b[0].parameters, (std::vector<std::size_t>{3, 2}));  // 200016 <= 262144, + 300000 > it
@@ -160,9 +180,11 @@ TEST(ReducerBuckets, HugeThresholdGivesASmallFirstBucketThenOneBucket) {
 }
 
 TEST(ReducerBuckets, RuleHoldsForManyShapesAndThresholds) {
-  Communicator comm(MPI_COMM_WORLD);
+  MpiCommunicator comm(test::world());
   uint64_t state = 12345;
-  const auto next = [&state] { return (state = state * 6364136223846793005ull + 1442695040888963407ull) >> 33; };
+  const auto next = [&state] {
+    return (state = state * 6364136223846793005ull + 1442695040888963407ull) >> 33;
+  };
   for (int trial = 0; trial < 40; ++trial) {
     std::vector<int64_t> sizes(1 + next() % 12), odd_sizes(sizes.size());
     for (std::size_t k = 0; k < sizes.size(); ++k) {
@@ -172,28 +194,13 @@ TEST(ReducerBuckets, RuleHoldsForManyShapesAndThresholds) {
     for (double fusion : {0.0, 1.0 / 4096, 1.0 / 1024, 1.0 / 256, 64.0})
       for (double first : {0.0, 1.0 / 8192, 1.0 / 1024, 1.0}) {
         const ReducerOptions o{fusion, first, true, Compression::kNone};
-        GradientReducer reducer(comm, flat_parameters(sizes), o);
+        test::TestReducer reducer_owner(comm, flat_parameters(sizes), o);
+        GradientReducer& reducer = reducer_owner.reducer;
         check_layout_rule(sizes, o, reducer.buckets());
-        GradientReducer odd(comm, flat_parameters(odd_sizes), o);
+        test::TestReducer odd_owner(comm, flat_parameters(odd_sizes), o);
+        GradientReducer& odd = odd_owner.reducer;
         check_layout_basics(odd_sizes, o, odd.buckets());
       }
-  }
-}
-
-// Binding gradients into the bucket buffer keeps their values and gives every parameter its own
-// memory: writing distinct values to every gradient and reading them back finds no aliasing.
-TEST(ReducerBuckets, GradientsKeepTheirValuesAndDoNotAlias) {
-  const std::vector<int64_t> sizes = {7, 1, 3, 1000, 2, 33};
-  std::vector<NamedTensor> params = flat_parameters(sizes);
-  for (std::size_t k = 0; k < params.size(); ++k)
-    for (int64_t i = 0; i < sizes[k]; ++i) params[k].tensor.grad_data()[i] = static_cast<float>(1000 * k + i);
-  Communicator comm(MPI_COMM_WORLD);
-  for (double fusion : {0.0, 1.0 / 1024, 64.0}) {
-    GradientReducer reducer(comm, params, ReducerOptions{fusion, 1.0 / 4096, true, Compression::kNone});
-    std::size_t bad = 0;
-    for (std::size_t k = 0; k < params.size(); ++k)
-      for (int64_t i = 0; i < sizes[k]; ++i) bad += params[k].tensor.grad()[i] != static_cast<float>(1000 * k + i);
-    EXPECT_EQ(bad, 0u) << "fusion " << fusion;
   }
 }
 
@@ -220,10 +227,11 @@ struct Chain {
   void zero_grad() const {
     for (const NamedTensor& p : params) p.tensor.zero_grad();
   }
-  void backward(const std::vector<float>& x) const {
+  // Seeded as the trainer seeds it (GradientReducer::loss_scale), or with 1 for the local gradient.
+  void backward(const std::vector<float>& x, float seed) const {
     Tensor h = Tensor::from_data({kBatch, kIn}, x);
     for (int l = 0; l < 3; ++l) h = ops::linear(h, w(l), b(l));
-    ops::sum(h).backward();
+    ops::sum(h).backward(seed);
   }
 };
 
@@ -272,7 +280,8 @@ std::vector<std::vector<double>> reference(const Chain& c, const std::vector<flo
 }
 
 // The closed-form average over all ranks of the gradients of passes [first, first + passes).
-std::vector<std::vector<double>> reference_average(const Chain& c, int n_ranks, int passes = 1, int first = 0) {
+std::vector<std::vector<double>> reference_average(const Chain& c, int n_ranks, int passes = 1,
+                                                   int first = 0) {
   std::vector<std::vector<double>> avg;
   for (int r = 0; r < n_ranks; ++r)
     for (int pass = first; pass < first + passes; ++pass) {
@@ -300,7 +309,8 @@ void expect_matches(const Chain& c, const std::vector<std::vector<double>>& ref,
       worst = std::max(worst, err);
       bad += !(err <= 1e-5 * scale);
     }
-    EXPECT_EQ(bad, 0u) << what << ": " << c.params[k].name << " worst |err| " << worst << " vs scale " << scale;
+    EXPECT_EQ(bad, 0u) << what << ": " << c.params[k].name << " worst |err| " << worst << " vs scale "
+                       << scale;
   }
 }
 
@@ -315,8 +325,8 @@ struct Setting {
   bool overlap;
 };
 // Chain sizes in floats: 3072, 64, 2048, 32, 320, 10. 0.004 MB = 1048 floats, 0.01 MB = 2621.
-const std::vector<Setting> kSettings = {{0, 1, true},        {0, 1, false},       {0.004, 0.001, true},
-                                        {0.004, 0.001, false}, {0.01, 1, true},   {1, 1, true},
+const std::vector<Setting> kSettings = {{0, 1, true},          {0, 1, false},   {0.004, 0.001, true},
+                                        {0.004, 0.001, false}, {0.01, 1, true}, {1, 1, true},
                                         {128, 1, false},       {128, 1, true}};
 
 TEST(GradientReducer, AverageMatchesClosedFormForEveryFusionAndOverlapSetting) {
@@ -325,16 +335,18 @@ TEST(GradientReducer, AverageMatchesClosedFormForEveryFusionAndOverlapSetting) {
   std::vector<std::vector<float>> results;
   for (const Setting& s : kSettings) {
     Chain c;
-    Communicator comm(MPI_COMM_WORLD);
-    GradientReducer reducer(comm, c.params, ReducerOptions{s.fusion_mb, s.first_mb, s.overlap, Compression::kNone});
-    const std::string what = "fusion " + std::to_string(s.fusion_mb) + " MB, first " + std::to_string(s.first_mb) +
-                             " MB, overlap " + (s.overlap ? "on" : "off") + ", " +
-                             std::to_string(reducer.buckets().size()) + " bucket(s)";
+    MpiCommunicator comm(test::world());
+    test::TestReducer reducer_owner(comm, c.params,
+                                    ReducerOptions{s.fusion_mb, s.first_mb, s.overlap, Compression::kNone});
+    GradientReducer& reducer = reducer_owner.reducer;
+    const std::string what = "fusion " + std::to_string(s.fusion_mb) + " MB, first " +
+                             std::to_string(s.first_mb) + " MB, overlap " + (s.overlap ? "on" : "off") +
+                             ", " + std::to_string(reducer.buckets().size()) + " bucket(s)";
     // Two steps through the same reducer: the second must not see anything of the first.
     for (int step = 0; step < 2; ++step) {
       c.zero_grad();
       reducer.prepare(step);
-      c.backward(batch_of(test::rank(), step));
+      c.backward(batch_of(test::rank(), step), reducer.loss_scale(1));
       reducer.finish();
     }
     // Step 2 used pass index 1 of each rank's batches.
@@ -347,7 +359,8 @@ TEST(GradientReducer, AverageMatchesClosedFormForEveryFusionAndOverlapSetting) {
   // a different reduction order per message size, so only the closed-form bound above applies.
   if (N <= 2) {
     for (std::size_t s = 1; s < results.size(); ++s) {
-      EXPECT_TRUE(test::bitwise_equal(results[s], results[0])) << "setting " << s << " differs bitwise from setting 0";
+      EXPECT_TRUE(test::bitwise_equal(results[s], results[0]))
+          << "setting " << s << " differs bitwise from setting 0";
     }
   }
   // Every rank ends with the same averaged gradients, bit for bit.
@@ -361,16 +374,19 @@ TEST(GradientReducer, UnarmedPassLaunchesNothingAndFinishReducesTheAccumulatedSu
   autograd::clear_tape();
   for (bool overlap : {true, false}) {
     Chain c;
-    Communicator comm(MPI_COMM_WORLD);
-    GradientReducer reducer(comm, c.params, ReducerOptions{0, 1, overlap, Compression::kNone});
+    MpiCommunicator comm(test::world());
+    test::TestReducer reducer_owner(comm, c.params, ReducerOptions{0, 1, overlap, Compression::kNone});
+    GradientReducer& reducer = reducer_owner.reducer;
     for (int step = 0; step < 2; ++step) {
       c.zero_grad();
-      c.backward(batch_of(test::rank(), 0));  // accumulation pass: hooks fire, reducer disarmed
+      // Each pass seeded for one pass: the result is the sum of both passes' averages over ranks.
+      c.backward(batch_of(test::rank(), 0), reducer.loss_scale(1));  // accumulation pass: reducer disarmed
       reducer.prepare(step);
-      c.backward(batch_of(test::rank(), 1));
+      c.backward(batch_of(test::rank(), 1), reducer.loss_scale(1));
       reducer.finish();
     }
-    expect_matches(c, reference_average(c, test::size(), 2), std::string("overlap ") + (overlap ? "on" : "off"));
+    expect_matches(c, reference_average(c, test::size(), 2),
+                   std::string("overlap ") + (overlap ? "on" : "off"));
   }
 }
 
@@ -380,16 +396,18 @@ TEST(GradientReducer, FinishWithoutPrepareReducesEverything) {
   autograd::clear_tape();
   for (bool overlap : {true, false}) {
     Chain c;
-    Communicator comm(MPI_COMM_WORLD);
-    GradientReducer reducer(comm, c.params, ReducerOptions{0.004, 0.001, overlap, Compression::kNone});
+    MpiCommunicator comm(test::world());
+    test::TestReducer reducer_owner(comm, c.params,
+                                    ReducerOptions{0.004, 0.001, overlap, Compression::kNone});
+    GradientReducer& reducer = reducer_owner.reducer;
     // A normal step first.
     c.zero_grad();
     reducer.prepare(0);
-    c.backward(batch_of(test::rank(), 0));
+    c.backward(batch_of(test::rank(), 0), reducer.loss_scale(1));
     reducer.finish();
     // Then a step with no prepare().
     c.zero_grad();
-    c.backward(batch_of(test::rank(), 1));
+    c.backward(batch_of(test::rank(), 1), reducer.loss_scale(1));
     reducer.finish();
     const auto ref = reference_average(c, test::size(), /*passes=*/1, /*first=*/1);
     expect_matches(c, ref, std::string("second step without prepare(), overlap ") + (overlap ? "on" : "off"));
@@ -401,7 +419,8 @@ TEST(GradientReducer, FinishWithoutPrepareReducesEverything) {
 
 // Error bound for the compressed average (g_i = rank i's fp32 gradient, N ranks, h = fp16 or bf16
 // with unit roundoff u: 2^-11 for fp16, 2^-8 for bf16):
-//   each rank sends fl_h(g_i / N)      (1/N is exact in float for N = 1, 2, 4; the cast to half
+//   each rank sends fl_h(g_i / N)      (backward seeded with 1/N, exact in float for N = 1, 2, 4, so
+//                                       the fp32 gradient is g_i / N exactly; the cast to half
 //                                       rounds once: relative error <= u, or absolute <= 2^-25 in
 //                                       fp16's subnormal range below 2^-14),
 //   MPI adds the N halves in some order with N - 1 roundings to half, each relative <= u of a
@@ -412,7 +431,9 @@ TEST(GradientReducer, FinishWithoutPrepareReducesEverything) {
 //   where mean|g| = (1/N) sum_i |g_i| per element. Without the division by N the result would be
 //   N mean(g), off by (N - 1) |mean(g)|, which is far outside this bound wherever the ranks'
 //   gradients do not cancel (checked below: the bound is tight enough to catch it).
-double unit_roundoff(Compression c) { return c == Compression::kFp16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8); }
+double unit_roundoff(Compression c) {
+  return c == Compression::kFp16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+}
 
 TEST(GradientReducer, CompressedAverageStaysWithinTheRoundingBound) {
   autograd::clear_tape();
@@ -420,16 +441,18 @@ TEST(GradientReducer, CompressedAverageStaysWithinTheRoundingBound) {
   for (Compression compression : {Compression::kFp16, Compression::kBf16})
     for (const Setting& s : {Setting{0, 1, true}, Setting{128, 1, false}, Setting{0.004, 0.001, true}}) {
       Chain c, shadow;  // same initial values; `shadow` has no reducer and keeps its local gradients
-      Communicator comm(MPI_COMM_WORLD);
-      GradientReducer reducer(comm, c.params, ReducerOptions{s.fusion_mb, s.first_mb, s.overlap, compression});
+      MpiCommunicator comm(test::world());
+      test::TestReducer reducer_owner(comm, c.params,
+                                      ReducerOptions{s.fusion_mb, s.first_mb, s.overlap, compression});
+      GradientReducer& reducer = reducer_owner.reducer;
       c.zero_grad();
       reducer.prepare(3);
-      c.backward(batch_of(test::rank(), 0));
+      c.backward(batch_of(test::rank(), 0), reducer.loss_scale(1));
       reducer.finish();
       const std::vector<float> got = all_grads(c);
       // Every rank's local fp32 gradients (gathered only now: no MPI call may race the reducer's).
       shadow.zero_grad();
-      shadow.backward(batch_of(test::rank(), 0));
+      shadow.backward(batch_of(test::rank(), 0), 1.0f);
       const std::vector<float> local = all_grads(shadow);
       const std::vector<float> every = test::gather_all(local);
       const double u = unit_roundoff(compression);
@@ -453,9 +476,11 @@ TEST(GradientReducer, CompressedAverageStaysWithinTheRoundingBound) {
       const std::string what = to_string(compression) + ", fusion " + std::to_string(s.fusion_mb) + " MB";
       EXPECT_EQ(bad, 0u) << what << ": worst err / bound = " << worst_ratio;
       if (std::getenv("DPTRAIN_TEST_VERBOSE") && test::rank() == 0)
-        std::printf("%s: worst err / bound = %.3f, %zu of %zu elements non-cancelling\n", what.c_str(), worst_ratio,
-                    non_cancelling, local.size());
-      if (N > 1) { EXPECT_EQ(catches_skipped_division, non_cancelling) << what; }
+        std::printf("%s: worst err / bound = %.3f, %zu of %zu elements non-cancelling\n", what.c_str(),
+                    worst_ratio, non_cancelling, local.size());
+      if (N > 1) {
+        EXPECT_EQ(catches_skipped_division, non_cancelling) << what;
+      }
       EXPECT_GT(non_cancelling, local.size() / 2) << what;
     }
 }
@@ -467,15 +492,19 @@ TEST(GradientReducer, LargeGradientsAverageToAFiniteAccurateValue) {
   const int N = test::size();
   for (Compression compression : {Compression::kFp16, Compression::kBf16})
     for (float g : {40000.0f, 60000.0f}) {
-      if (N >= 2) { ASSERT_GT(static_cast<double>(g) * N, 65504.0); }  // the unscaled sum would overflow fp16
+      if (N >= 2) {
+        ASSERT_GT(static_cast<double>(g) * N, 65504.0);
+      }  // the unscaled sum would overflow fp16
       const Tensor w = Tensor::from_data({1, 1}, std::vector<float>{0.5f}, true);
       const Tensor b = Tensor::from_data({1}, std::vector<float>{0.0f}, true);
-      Communicator comm(MPI_COMM_WORLD);
-      GradientReducer reducer(comm, {{"0.weight", w}, {"0.bias", b}}, ReducerOptions{0, 1, true, compression});
+      MpiCommunicator comm(test::world());
+      test::TestReducer reducer_owner(comm, {{"0.weight", w}, {"0.bias", b}},
+                                      ReducerOptions{0, 1, true, compression});
+      GradientReducer& reducer = reducer_owner.reducer;
       // d sum(x w^T + b) / dw = sum(x) = g; x: 4 rows of g / 4.
       const Tensor x = Tensor::full({4, 1}, g / 4);
       reducer.prepare(0);
-      ops::sum(ops::linear(x, w, b)).backward();
+      ops::sum(ops::linear(x, w, b)).backward(reducer.loss_scale(1));
       reducer.finish();
       const double bound = (N + 1) * unit_roundoff(compression) * g;
       EXPECT_TRUE(std::isfinite(w.grad()[0])) << to_string(compression) << " " << g;
@@ -500,25 +529,28 @@ TEST(GradientReducer, NonFiniteGradientOnOneRankThrowsNamingStepBucketAndParamet
       for (float poison : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
         const Tensor w = Tensor::from_data({2, 3}, std::vector<float>(6, 0.5f), true);
         const Tensor b = Tensor::from_data({2}, std::vector<float>(2, 0.0f), true);
-        Communicator comm(MPI_COMM_WORLD);
-        GradientReducer reducer(comm, {{"dense_in.weight", w}, {"dense_in.bias", b}},
-                                ReducerOptions{fusion, 1, true, compression});
+        MpiCommunicator comm(test::world());
+        test::TestReducer reducer_owner(comm, {{"dense_in.weight", w}, {"dense_in.bias", b}},
+                                        ReducerOptions{fusion, 1, true, compression});
+        GradientReducer& reducer = reducer_owner.reducer;
         std::vector<float> xs(4 * 3, 1.0f);
         if (test::rank() == bad_rank) xs[5] = poison;
         reducer.prepare(17);
-        ops::sum(ops::linear(Tensor::from_data({4, 3}, xs), w, b)).backward();
+        ops::sum(ops::linear(Tensor::from_data({4, 3}, xs), w, b)).backward(reducer.loss_scale(1));
         std::string message;
         try {
           reducer.finish();
         } catch (const Error& e) {
           message = e.what();
         }
-        const std::string what = to_string(compression) + ", fusion " + std::to_string(fusion) + ", poison " + std::to_string(poison);
+        const std::string what = to_string(compression) + ", fusion " + std::to_string(fusion) + ", poison " +
+                                 std::to_string(poison);
         EXPECT_FALSE(message.empty()) << what << ": finish() did not throw on rank " << test::rank();
         if (message.empty()) continue;
         EXPECT_NE(message.find("step 17"), std::string::npos) << what << ": " << message;
         EXPECT_NE(message.find("dense_in.weight"), std::string::npos) << what << ": " << message;
-        EXPECT_NE(message.find(fusion == 0 ? "bucket 1" : "bucket 0"), std::string::npos) << what << ": " << message;
+        EXPECT_NE(message.find(fusion == 0 ? "bucket 1" : "bucket 0"), std::string::npos)
+            << what << ": " << message;
       }
 }
 
@@ -532,8 +564,9 @@ TEST(GradientReducer, NonFiniteGradientThrowsInAWorldOfOneToo) {
   autograd::clear_tape();
   const Tensor w = Tensor::from_data({2, 3}, std::vector<float>(6, 0.5f), true);
   const Tensor b = Tensor::from_data({2}, std::vector<float>(2, 0.0f), true);
-  Communicator self(MPI_COMM_SELF);
-  GradientReducer reducer(self, {{"dense_in.weight", w}, {"dense_in.bias", b}}, ReducerOptions{});
+  test::SelfCommunicator self;
+  test::TestReducer reducer_owner(self, {{"dense_in.weight", w}, {"dense_in.bias", b}}, ReducerOptions{});
+  GradientReducer& reducer = reducer_owner.reducer;
   std::vector<float> xs(4 * 3, 1.0f);
   xs[5] = std::numeric_limits<float>::quiet_NaN();
   reducer.prepare(17);
@@ -544,11 +577,12 @@ TEST(GradientReducer, NonFiniteGradientThrowsInAWorldOfOneToo) {
 TEST(GradientReducer, WorldOfOneLeavesGradientsAlone) {
   autograd::clear_tape();
   Chain c;
-  Communicator self(MPI_COMM_SELF);
-  GradientReducer reducer(self, c.params, ReducerOptions{0, 1, true, Compression::kFp16});
+  test::SelfCommunicator self;
+  test::TestReducer reducer_owner(self, c.params, ReducerOptions{0, 1, true, Compression::kFp16});
+  GradientReducer& reducer = reducer_owner.reducer;
   c.zero_grad();
   reducer.prepare(0);
-  c.backward(batch_of(test::rank(), 0));
+  c.backward(batch_of(test::rank(), 0), reducer.loss_scale(1));
   const std::vector<float> before = all_grads(c);
   EXPECT_NO_THROW(reducer.finish());
   EXPECT_TRUE(test::bitwise_equal(all_grads(c), before));

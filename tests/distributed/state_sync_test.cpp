@@ -3,19 +3,20 @@
 // rank-dependent gradients (so moments and step counters differ). Equality is checked against
 // rank 0's pre-broadcast copy fetched with a plain MPI_Bcast, bit for bit; the checksum against an
 // FNV-1a computed here.
+#include "distributed/state_sync.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "core/error.h"
 #include "distributed/communicator.h"
-#include "distributed/state_sync.h"
+#include "distributed/mpi_communicator.h"
 #include "layers/build.h"
 #include "mpi_test_env.h"
 #include "optim/optimizer.h"
@@ -32,10 +33,18 @@ Json mnist_layers() {
 
 struct Replica {
   std::unique_ptr<layers::Sequential> model;
+  std::unique_ptr<FlatParameters> flat;
   std::unique_ptr<optim::Adam> adam;
   explicit Replica(uint64_t seed) {
     model = layers::build_sequential(mnist_layers(), {1, 28, 28}, seed);
-    adam = std::make_unique<optim::Adam>(model->named_parameters(), optim::AdamOptions{});
+    flat = std::make_unique<FlatParameters>(model->named_parameters(), Device::cpu());
+    adam = std::make_unique<optim::Adam>(*flat, optim::AdamOptions{});
+  }
+  // What the trainer broadcasts: the flat parameters and the optimizer's flat state.
+  std::vector<Tensor> buffers() const {
+    std::vector<Tensor> all = {flat->values()};
+    for (const Tensor& t : adam->state_buffers()) all.push_back(t);
+    return all;
   }
   // Takes `steps` Adam steps with gradients that depend on `salt`.
   void train(int steps, int salt) {
@@ -44,7 +53,8 @@ struct Replica {
       int k = 0;
       for (const NamedTensor& p : adam->parameters()) {
         float* g = p.tensor.grad_data();
-        for (int64_t i = 0; i < p.tensor.numel(); ++i) g[i] = 0.1f * static_cast<float>(std::sin(0.013 * i + 0.7 * k + salt + 0.3 * s));
+        for (int64_t i = 0; i < p.tensor.numel(); ++i)
+          g[i] = 0.1f * static_cast<float>(std::sin(0.013 * i + 0.7 * k + salt + 0.3 * s));
         ++k;
       }
       adam->step(1e-3f);
@@ -87,12 +97,14 @@ TEST(StateSync, BroadcastStateMakesParametersAndAdamStateBitwiseRankZeros) {
     root_before.push_back(test::root_copy(t.tensor.values()));
     differing += !test::bitwise_equal(root_before.back(), t.tensor.values());
   }
-  if (r != 0) { EXPECT_EQ(differing, tensors.size()) << "premise: rank " << r << " should start different everywhere"; }
+  if (r != 0) {
+    EXPECT_EQ(differing, tensors.size()) << "premise: rank " << r << " should start different everywhere";
+  }
 
   int64_t steps = rep.adam->steps_taken();
   EXPECT_EQ(steps, r + 1);
-  Communicator comm(MPI_COMM_WORLD);
-  broadcast_state(comm, rep.adam->parameters(), rep.adam->state(), std::span<int64_t>(&steps, 1));
+  MpiCommunicator comm(test::world());
+  broadcast_state(comm, rep.buffers(), std::span<int64_t>(&steps, 1));
   rep.adam->set_steps_taken(steps);
 
   for (std::size_t k = 0; k < tensors.size(); ++k) {
@@ -105,20 +117,26 @@ TEST(StateSync, BroadcastStateMakesParametersAndAdamStateBitwiseRankZeros) {
   // Checksums: verify_identical returns the same value everywhere, equal to FNV-1a of the parameters.
   uint64_t sum = 0;
   EXPECT_NO_THROW(sum = verify_identical(comm, rep.adam->parameters()));
-  for (uint64_t s : gather_u64(sum)) { EXPECT_EQ(s, sum); }
+  for (uint64_t s : gather_u64(sum)) {
+    EXPECT_EQ(s, sum);
+  }
   // And the optimizer state agrees too.
-  for (uint64_t s : gather_u64(fnv1a(rep.adam->state()))) { EXPECT_EQ(s, fnv1a(rep.adam->state())); }
+  for (uint64_t s : gather_u64(fnv1a(rep.adam->state()))) {
+    EXPECT_EQ(s, fnv1a(rep.adam->state()));
+  }
 
   // The next step from identical state stays identical (same gradients on every rank).
   rep.train(1, 1000);
-  for (uint64_t s : gather_u64(fnv1a(tensors))) { EXPECT_EQ(s, fnv1a(tensors)); }
+  for (uint64_t s : gather_u64(fnv1a(tensors))) {
+    EXPECT_EQ(s, fnv1a(tensors));
+  }
 }
 
 TEST(StateSync, BroadcastStateCarriesSeveralScalars) {
   Replica rep(static_cast<uint64_t>(test::rank()));
   int64_t scalars[3] = {100 + test::rank(), -7 * test::rank(), int64_t{1} << (40 + test::rank())};
-  Communicator comm(MPI_COMM_WORLD);
-  broadcast_state(comm, rep.adam->parameters(), rep.adam->state(), std::span<int64_t>(scalars));
+  MpiCommunicator comm(test::world());
+  broadcast_state(comm, rep.buffers(), std::span<int64_t>(scalars));
   EXPECT_EQ(scalars[0], 100);
   EXPECT_EQ(scalars[1], 0);
   EXPECT_EQ(scalars[2], int64_t{1} << 40);
@@ -127,7 +145,7 @@ TEST(StateSync, BroadcastStateCarriesSeveralScalars) {
 TEST(StateSync, VerifyIdenticalThrowsNamingTheRankThatDiffers) {
   if (test::size() == 1) GTEST_SKIP() << "needs two ranks";
   Replica rep(0);  // seed 0 everywhere: identical replicas
-  Communicator comm(MPI_COMM_WORLD);
+  MpiCommunicator comm(test::world());
   EXPECT_NO_THROW(verify_identical(comm, rep.adam->parameters()));
   const int culprit = test::size() - 1;
   if (test::rank() == culprit) {
@@ -150,8 +168,8 @@ TEST(StateSync, WorldOfOneIsANoOp) {
   rep.train(2, 3);
   const uint64_t before = fnv1a(rep.everything());
   int64_t steps = 2;
-  Communicator self(MPI_COMM_SELF);
-  EXPECT_NO_THROW(broadcast_state(self, rep.adam->parameters(), rep.adam->state(), std::span<int64_t>(&steps, 1)));
+  test::SelfCommunicator self;
+  EXPECT_NO_THROW(broadcast_state(self, rep.buffers(), std::span<int64_t>(&steps, 1)));
   EXPECT_EQ(fnv1a(rep.everything()), before);
   EXPECT_EQ(steps, 2);
   uint64_t sum = 0;
@@ -164,7 +182,7 @@ TEST(StateSync, WorldOfOneIsANoOp) {
 // offset basis 14695981039346656037 (0xcbf29ce484222325) and prime 1099511628211. Checked on a
 // single tensor { 1.0f } (bytes 00 00 80 3f) and on the CNN's parameters.
 TEST(StateSync, ChecksumIsStandardFnv1a) {
-  Communicator self(MPI_COMM_SELF);
+  test::SelfCommunicator self;
   const std::vector<NamedTensor> one = {{"x", Tensor::from_data({1}, std::vector<float>{1.0f})}};
   uint64_t expected = 14695981039346656037ull;
   for (unsigned char byte : {0x00, 0x00, 0x80, 0x3f}) expected = (expected ^ byte) * 1099511628211ull;

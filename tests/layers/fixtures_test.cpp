@@ -34,7 +34,9 @@ Tensor get(const std::string& name) {
   return *t;
 }
 
-int meta_int(const std::string& key) { return std::stoi(fixtures().metadata.at(key)); }
+int meta_int(const std::string& key) {
+  return std::stoi(fixtures().metadata.at(key));
+}
 
 // A fresh copy that requires grad (the fixture's own tensors stay untouched).
 Tensor leaf(const std::string& name) {
@@ -49,8 +51,8 @@ std::vector<int32_t> labels(const std::string& name) {
   return out;
 }
 
-void expect_close(std::span<const float> ours, const Tensor& ref, const std::string& what, double rtol = kRtol,
-                  double atol = kAtol) {
+void expect_close(std::span<const float> ours, const Tensor& ref, const std::string& what,
+                  double rtol = kRtol, double atol = kAtol) {
   ASSERT_EQ(static_cast<int64_t>(ours.size()), ref.numel()) << what;
   int failures = 0;
   double worst = 0.0;
@@ -61,12 +63,14 @@ void expect_close(std::span<const float> ours, const Tensor& ref, const std::str
     if (!(err <= atol + rtol * std::abs(r)) && ++failures <= 5)
       ADD_FAILURE() << what << "[" << i << "]: ours " << o << " vs PyTorch " << r;
   }
-  EXPECT_EQ(failures, 0) << what << ": " << failures << " of " << ref.numel() << " elements outside tolerance";
+  EXPECT_EQ(failures, 0) << what << ": " << failures << " of " << ref.numel()
+                         << " elements outside tolerance";
   ::testing::Test::RecordProperty(what + "_worst_over_tolerance", std::to_string(worst));
 }
 
 // Runs y = f(), checks y, then backward of sum(y * gy) and each input's gradient.
-void check_vjp(const std::string& prefix, const Tensor& y, const std::vector<std::pair<std::string, Tensor>>& inputs) {
+void check_vjp(const std::string& prefix, const Tensor& y,
+               const std::vector<std::pair<std::string, Tensor>>& inputs) {
   const Tensor ref_y = get(prefix + "y");
   ASSERT_EQ(y.shape(), ref_y.shape()) << prefix << "y";
   expect_close(y.values(), ref_y, prefix + "y");
@@ -113,8 +117,8 @@ TEST_P(ConvFixture, ForwardAndVjp) {
 TEST_P(ConvFixture, Conv2DLayerModule) {
   const std::string name = GetParam(), p = name + ".";
   const Tensor w = get(p + "weight");
-  layers::Conv2D conv(3, w.dim(1), w.dim(0), meta_int(p + "kernel"), meta_int(p + "stride"), meta_int(p + "padding"),
-                      true);
+  layers::Conv2D conv(3, w.dim(1), w.dim(0), meta_int(p + "kernel"), meta_int(p + "stride"),
+                      meta_int(p + "padding"), true);
   std::copy_n(w.data(), w.numel(), conv.weight().data());
   std::copy_n(get(p + "bias").data(), w.dim(0), conv.bias().data());
   const Tensor x = leaf(p + "x");
@@ -140,7 +144,8 @@ TEST_P(PoolFixture, ForwardAndVjp) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Pool, PoolFixture,
-                         ::testing::Values("maxpool_k2s2", "maxpool_k3s2", "maxpool_ties", "maxpool_ties_overlap"));
+                         ::testing::Values("maxpool_k2s2", "maxpool_k3s2", "maxpool_ties",
+                                           "maxpool_ties_overlap"));
 
 TEST_F(LayerFixtures, Relu) {
   const Tensor x = leaf("relu.x");
@@ -188,10 +193,11 @@ TEST_F(LayerFixtures, Mse) {
 
 // Every case in the file is exercised above (a new fixture case must get a test here).
 TEST(LayerFixtureCoverage, EveryPrefixIsKnown) {
-  const std::vector<std::string> known{"dense.",       "conv_s1p0.",    "conv_s2p1.", "conv_k5s1p2.",
-                                       "maxpool_k2s2.", "maxpool_k3s2.", "maxpool_ties.", "maxpool_ties_overlap.",
-                                       "relu.",        "tanh.",         "sigmoid.",   "ce.",
-                                       "mse."};
+  const std::vector<std::string> known{
+      "dense.",        "conv_s1p0.",    "conv_s2p1.",    "conv_k5s1p2.",
+      "maxpool_k2s2.", "maxpool_k3s2.", "maxpool_ties.", "maxpool_ties_overlap.",
+      "relu.",         "tanh.",         "sigmoid.",      "ce.",
+      "mse."};
   for (const NamedTensor& t : fixtures().tensors) {
     bool found = false;
     for (const std::string& k : known) {

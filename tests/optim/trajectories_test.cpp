@@ -13,6 +13,7 @@
 #include "core/autograd.h"
 #include "core/error.h"
 #include "core/ops.h"
+#include "core/parameters.h"
 #include "core/safetensors.h"
 #include "layers/module.h"
 #include "optim/optimizer.h"
@@ -41,15 +42,26 @@ const std::string& meta(const std::string& key) {
   if (it == fixture().metadata.end()) throw Error("fixture metadata '" + key + "' is missing");
   return it->second;
 }
-float meta_float(const std::string& key) { return std::stof(meta(key)); }
+float meta_float(const std::string& key) {
+  return std::stof(meta(key));
+}
 bool meta_bool(const std::string& key) {
   const std::string& v = meta(key);
-  if (v != "True" && v != "False") throw Error("fixture metadata '" + key + "' = '" + v + "' is not a Python bool");
+  if (v != "True" && v != "False")
+    throw Error("fixture metadata '" + key + "' = '" + v + "' is not a Python bool");
   return v == "True";
 }
 
-// The model of the fixture, parameters named as PyTorch names them, loaded from init.*.
-std::unique_ptr<layers::Sequential> make_model() {
+// The model of the fixture, parameters named as PyTorch names them, loaded from init.*, and its
+// parameters in the flat buffers an optimizer updates.
+struct Model {
+  std::unique_ptr<layers::Sequential> net;
+  std::unique_ptr<FlatParameters> flat;
+  Tensor forward(const Tensor& x) { return net->forward(x); }
+  std::vector<NamedTensor> named_parameters() const { return net->named_parameters(); }
+};
+
+std::unique_ptr<Model> make_model() {
   auto model = std::make_unique<layers::Sequential>();
   model->add(std::make_unique<layers::Dense>(0, 6, 5, true));
   model->add(std::make_unique<layers::ActivationLayer>(layers::Activation::kRelu));
@@ -59,7 +71,8 @@ std::unique_ptr<layers::Sequential> make_model() {
     EXPECT_EQ(init.shape(), p.tensor.shape()) << p.name;
     std::copy_n(init.data(), init.numel(), p.tensor.data());
   }
-  return model;
+  auto flat = std::make_unique<FlatParameters>(model->named_parameters(), Device::cpu());
+  return std::make_unique<Model>(Model{std::move(model), std::move(flat)});
 }
 
 std::vector<int32_t> labels() {
@@ -68,7 +81,7 @@ std::vector<int32_t> labels() {
   return out;
 }
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, std::vector<NamedTensor> params) {
+std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, const FlatParameters& params) {
   const std::string kind = meta(name + ".optimizer");
   if (kind == "SGD") {
     optim::SgdOptions o;
@@ -76,7 +89,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, std::v
     o.dampening = meta_float(name + ".dampening");
     o.nesterov = meta_bool(name + ".nesterov");
     o.weight_decay = meta_float(name + ".weight_decay");
-    return std::make_unique<optim::Sgd>(std::move(params), o);
+    return std::make_unique<optim::Sgd>(params, o);
   }
   if (kind != "Adam" && kind != "AdamW") throw Error("unknown optimizer '" + kind + "' in the fixture");
   optim::AdamOptions o;
@@ -85,10 +98,12 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, std::v
   o.eps = meta_float(name + ".eps");
   o.weight_decay = meta_float(name + ".weight_decay");
   o.decoupled_weight_decay = kind == "AdamW";
-  return std::make_unique<optim::Adam>(std::move(params), o);
+  return std::make_unique<optim::Adam>(params, o);
 }
 
-bool close(double ours, double ref) { return std::abs(ours - ref) <= kAtol + kRtol * std::abs(ref); }
+bool close(double ours, double ref) {
+  return std::abs(ours - ref) <= kAtol + kRtol * std::abs(ref);
+}
 
 class Trajectory : public ::testing::TestWithParam<std::string> {
  protected:
@@ -99,7 +114,7 @@ TEST_P(Trajectory, MatchesPyTorchAfterEveryStep) {
   const std::string name = GetParam();
   ASSERT_EQ(std::stoi(meta("steps")), kSteps);
   const auto model = make_model();
-  const auto optimizer = make_optimizer(name, model->named_parameters());
+  const auto optimizer = make_optimizer(name, *model->flat);
   const float lr = meta_float(name + ".lr");
   const Tensor& x = get("data.x");
   const std::vector<int32_t> y = labels();
@@ -120,8 +135,8 @@ TEST_P(Trajectory, MatchesPyTorchAfterEveryStep) {
       int failures = 0;
       for (int64_t i = 0; i < ref.numel(); ++i)
         if (!close(p.tensor.data()[i], ref.data()[i]) && ++failures <= 3)
-          ADD_FAILURE() << name << " step " << step << " " << p.name << "[" << i << "]: " << p.tensor.data()[i]
-                        << " vs PyTorch " << ref.data()[i];
+          ADD_FAILURE() << name << " step " << step << " " << p.name << "[" << i
+                        << "]: " << p.tensor.data()[i] << " vs PyTorch " << ref.data()[i];
       ASSERT_EQ(failures, 0) << name << " diverged at step " << step << " (" << p.name << ")";
     }
   }
@@ -130,17 +145,19 @@ TEST_P(Trajectory, MatchesPyTorchAfterEveryStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixture, Trajectory,
-                         ::testing::Values("sgd_momentum", "sgd_nesterov", "sgd_dampening", "adam", "adam_wd", "adamw"));
+                         ::testing::Values("sgd_momentum", "sgd_nesterov", "sgd_dampening", "adam", "adam_wd",
+                                           "adamw"));
 
 // ---- optimizer state by name ----------------------------------------------------------------
 
 // One step on the fixture's problem; returns the gradients it used (still in the parameters).
-std::vector<std::vector<float>> one_step(layers::Sequential& model, optim::Optimizer& optimizer, float lr) {
+std::vector<std::vector<float>> one_step(Model& model, optim::Optimizer& optimizer, float lr) {
   autograd::clear_tape();
   optimizer.zero_grad();
   ops::cross_entropy(model.forward(get("data.x")), labels()).backward();
   std::vector<std::vector<float>> grads;
-  for (const NamedTensor& p : model.named_parameters()) grads.emplace_back(p.tensor.grad().begin(), p.tensor.grad().end());
+  for (const NamedTensor& p : model.named_parameters())
+    grads.emplace_back(p.tensor.grad().begin(), p.tensor.grad().end());
   optimizer.step(lr);
   return grads;
 }
@@ -150,7 +167,7 @@ TEST(OptimizerState, AdamStateIsAddressableByName) {
   optim::AdamOptions o;
   o.beta1 = 0.9f;
   o.beta2 = 0.99f;
-  optim::Adam adam(model->named_parameters(), o);
+  optim::Adam adam(*model->flat, o);
   const Tensor m = adam.state_of("0.weight", "exp_avg");
   const Tensor v = adam.state_of("2.bias", "exp_avg_sq");
   ASSERT_TRUE(m.defined());
@@ -162,7 +179,8 @@ TEST(OptimizerState, AdamStateIsAddressableByName) {
 
   const auto grads = one_step(*model, adam, 1e-3f);
   // After one step from zero state: exp_avg = (1 - beta1) g, exp_avg_sq = (1 - beta2) g^2.
-  for (int64_t i = 0; i < m.numel(); ++i) EXPECT_NEAR(m.data()[i], 0.1 * grads[0][i], 1e-7 + 1e-6 * std::abs(grads[0][i]));
+  for (int64_t i = 0; i < m.numel(); ++i)
+    EXPECT_NEAR(m.data()[i], 0.1 * grads[0][i], 1e-7 + 1e-6 * std::abs(grads[0][i]));
   for (int64_t i = 0; i < v.numel(); ++i)
     EXPECT_NEAR(v.data()[i], 0.01 * grads[3][i] * grads[3][i], 1e-12 + 1e-5 * grads[3][i] * grads[3][i]);
 
@@ -177,12 +195,13 @@ TEST(OptimizerState, AdamStateIsAddressableByName) {
 
 TEST(OptimizerState, SgdWithoutMomentumHasNoState) {
   const auto model = make_model();
-  optim::Sgd sgd(model->named_parameters(), {});
+  optim::Sgd sgd(*model->flat, {});
   EXPECT_TRUE(sgd.state().empty());
   EXPECT_FALSE(sgd.state_of("0.weight", "momentum_buffer").defined());
   // Plain SGD: p <- p - lr g.
   std::vector<std::vector<float>> before;
-  for (const NamedTensor& p : model->named_parameters()) before.emplace_back(p.tensor.values().begin(), p.tensor.values().end());
+  for (const NamedTensor& p : model->named_parameters())
+    before.emplace_back(p.tensor.values().begin(), p.tensor.values().end());
   const auto grads = one_step(*model, sgd, 0.5f);
   const auto params = model->named_parameters();
   for (std::size_t k = 0; k < params.size(); ++k)
@@ -197,7 +216,7 @@ TEST(OptimizerState, SgdMomentumBufferStartsAsTheDecayedGradient) {
   o.momentum = 0.9f;
   o.dampening = 0.5f;
   o.weight_decay = 0.1f;
-  optim::Sgd sgd(model->named_parameters(), o);
+  optim::Sgd sgd(*model->flat, o);
   ASSERT_EQ(sgd.state().size(), 4u);
   EXPECT_EQ(sgd.state()[0].name, "0.weight.momentum_buffer");
   const Tensor buf = sgd.state_of("2.weight", "momentum_buffer");
@@ -211,37 +230,38 @@ TEST(OptimizerState, SgdMomentumBufferStartsAsTheDecayedGradient) {
 
 TEST(OptimizerState, ZeroGradAndInvalidOptions) {
   const auto model = make_model();
-  optim::Sgd sgd(model->named_parameters(), {});
+  optim::Sgd sgd(*model->flat, {});
   one_step(*model, sgd, 0.1f);
   sgd.zero_grad();
   for (const NamedTensor& p : model->named_parameters())
     for (float g : p.tensor.grad()) EXPECT_EQ(g, 0.0f) << p.name;
   optim::SgdOptions bad;
   bad.nesterov = true;  // needs momentum > 0
-  EXPECT_THROW(optim::Sgd(model->named_parameters(), bad), Error);
+  EXPECT_THROW(optim::Sgd(*model->flat, bad), Error);
   bad.momentum = 0.9f;
   bad.dampening = 0.1f;  // and no dampening
-  EXPECT_THROW(optim::Sgd(model->named_parameters(), bad), Error);
-  EXPECT_THROW(optim::Sgd({{"undefined", Tensor()}}, {}), Error);
+  EXPECT_THROW(optim::Sgd(*model->flat, bad), Error);
+  EXPECT_THROW(FlatParameters({{"undefined", Tensor()}}, Device::cpu()), Error);
 }
 
 // Resuming from saved state (tensors written in place, then set_steps_taken) continues exactly.
 TEST(OptimizerState, RestoredStateContinuesTheTrajectory) {
   const std::string name = "adamw";
   const auto model = make_model();
-  const auto optimizer = make_optimizer(name, model->named_parameters());
+  const auto optimizer = make_optimizer(name, *model->flat);
   const float lr = meta_float(name + ".lr");
   for (int k = 0; k < 4; ++k) one_step(*model, *optimizer, lr);
 
   // A second model/optimizer pair restored from the first one's parameters, state and step count.
   const auto resumed = make_model();
-  const auto resumed_opt = make_optimizer(name, resumed->named_parameters());
+  const auto resumed_opt = make_optimizer(name, *resumed->flat);
   for (std::size_t i = 0; i < model->named_parameters().size(); ++i)
     std::copy_n(model->named_parameters()[i].tensor.data(), model->named_parameters()[i].tensor.numel(),
                 resumed->named_parameters()[i].tensor.data());
   const auto from = optimizer->state(), to = resumed_opt->state();
   ASSERT_EQ(from.size(), to.size());
-  for (std::size_t i = 0; i < from.size(); ++i) std::copy_n(from[i].tensor.data(), from[i].tensor.numel(), to[i].tensor.data());
+  for (std::size_t i = 0; i < from.size(); ++i)
+    std::copy_n(from[i].tensor.data(), from[i].tensor.numel(), to[i].tensor.data());
   resumed_opt->set_steps_taken(optimizer->steps_taken());
 
   for (int k = 5; k <= kSteps; ++k) one_step(*resumed, *resumed_opt, lr);

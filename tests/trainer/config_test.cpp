@@ -40,7 +40,7 @@ TEST(ParseConfig, MnistCnn) {
   const Config c = parse_config(mnist());
   EXPECT_EQ(c.seed, 42u);
   EXPECT_EQ(c.output_dir, "runs/mnist");
-  EXPECT_EQ(c.data.dataset, "mnist");
+  EXPECT_EQ(c.data.dataset, DatasetKind::kMnist);
   EXPECT_EQ(c.data.dir, "data/mnist");
   EXPECT_EQ(c.data.batch_size, 128);
   EXPECT_EQ(c.data.eval_batch_size, 1000);  // default
@@ -50,8 +50,8 @@ TEST(ParseConfig, MnistCnn) {
   ASSERT_TRUE(c.model.layers.is_array());
   EXPECT_EQ(c.model.layers.size(), 10u);
   EXPECT_EQ(c.model.layers[7]["out_features"], 64);
-  EXPECT_EQ(c.model.loss, "cross_entropy");
-  EXPECT_EQ(c.optimizer.type, "adam");
+  EXPECT_EQ(c.model.loss, LossKind::kCrossEntropy);
+  EXPECT_EQ(c.optimizer.type, OptimizerKind::kAdam);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.001);
   EXPECT_EQ(c.optimizer.betas, (std::vector<double>{0.9, 0.999}));
   EXPECT_EQ(c.training.epochs, 5);
@@ -71,7 +71,7 @@ TEST(ParseConfig, DefaultsForAMinimalConfig) {
   EXPECT_EQ(c.seed, 0u);
   EXPECT_EQ(c.data.dir, "data/mnist");
   EXPECT_EQ(c.data.batch_size, 128);
-  EXPECT_EQ(c.optimizer.type, "adam");
+  EXPECT_EQ(c.optimizer.type, OptimizerKind::kAdam);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
   EXPECT_EQ(c.training.epochs, 1);
   EXPECT_EQ(c.training.progress, ProgressMode::kAuto);
@@ -263,7 +263,7 @@ TEST(ApplyOverride, BareWordBecomesAString) {
   // A value with '=' in it: only the first '=' separates key and value.
   apply_override(j, "output_dir=a=b");
   EXPECT_EQ(j["output_dir"], "a=b");
-  EXPECT_EQ(parse_config(j).data.dataset, "fashion_mnist");
+  EXPECT_EQ(parse_config(j).data.dataset, DatasetKind::kFashionMnist);
 }
 
 // The optional sections (data, optimizer, training) may be absent from a config; --set must still be
@@ -275,7 +275,7 @@ TEST(ApplyOverride, SetsAKeyInAnAbsentOptionalSection) {
   EXPECT_EQ(j["training"]["epochs"], 2);
   const Config c = parse_config(j);
   EXPECT_EQ(c.training.epochs, 2);
-  EXPECT_EQ(c.optimizer.type, "sgd");
+  EXPECT_EQ(c.optimizer.type, OptimizerKind::kSgd);
 }
 
 TEST(ApplyOverride, InvalidAssignments) {

@@ -1,0 +1,147 @@
+// Backend: everything a device provides, in one table. The ops (core/ops.h) check shapes, allocate
+// outputs on their inputs' device and record backward on the tape, then call these kernels through
+// the backend of that device; so a new device is a new Backend plus a registration, and nothing
+// above core changes. Kernels take raw pointers into the device's memory (from Tensor::data_ptr())
+// and geometry structs; `g*` pointers that may be null mean "this gradient is not wanted". Backward
+// kernels add into the gradients they write (gradients accumulate over uses and passes); forward
+// kernels overwrite their outputs. Kernels may run asynchronously on the device: a result becomes
+// visible to the host through copy_to_host(), which waits for it.
+//
+// A new backend implements every pure virtual below and passes tests/core/backend_conformance_test
+// (every op, forward and each input gradient, and both optimizers, against the reference backend).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "core/device.h"
+#include "core/half.h"
+#include "core/update_rules.h"
+
+namespace dptrain {
+
+// y [m, n] = a [m, k] b [k, n]
+struct MatmulShape {
+  int64_t m, k, n;
+};
+// y [batch, out] = x [batch, in] w [out, in]^T (+ bias [out])
+struct LinearShape {
+  int64_t batch, in, out;
+};
+// y [outer, channels, inner] = x + bias [channels] broadcast over outer and inner
+struct BiasShape {
+  int64_t outer, channels, inner;
+};
+// x [batch, channels, height, width] * w [out_channels, channels, kernel_h, kernel_w] (+ bias)
+//   -> y [batch, out_channels, out_h, out_w]; with fuse_relu, y = max(0, conv + bias).
+struct Conv2dGeometry {
+  int64_t batch, channels, height, width;
+  int64_t out_channels, kernel_h, kernel_w;
+  int64_t out_h, out_w;
+  int stride, padding;
+  bool fuse_relu;
+
+  int64_t patch() const { return channels * kernel_h * kernel_w; }  // inputs per output element
+  int64_t pixels() const { return out_h * out_w; }                  // outputs per sample and channel
+};
+// Max pooling of `planes` planes [height, width] -> [out_h, out_w], no padding.
+struct Pool2dGeometry {
+  int64_t planes, height, width, out_h, out_w;
+  int kernel, stride;
+};
+
+enum class Activation { kRelu, kTanh, kSigmoid };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+
+  // ---- memory on this device ----
+  // Uninitialised, 64-byte aligned; never null for bytes > 0 (throws instead).
+  virtual void* allocate(std::size_t bytes) = 0;
+  virtual void release(void* pointer, std::size_t bytes) = 0;
+  virtual void copy_from_host(void* dst, const void* host_src, std::size_t bytes) = 0;
+  // Returns once the bytes are on the host (after all work queued before it).
+  virtual void copy_to_host(void* host_dst, const void* src, std::size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;  // both on this device
+  virtual void fill(float* dst, int64_t n, float value) = 0;
+  virtual void synchronize() = 0;  // returns when all queued work has finished
+
+  // ---- dense algebra ----
+  virtual void matmul(const float* a, const float* b, float* y, MatmulShape s) = 0;
+  // ga += gy b^T, gb += a^T gy
+  virtual void matmul_backward(const float* gy, const float* a, const float* b, float* ga, float* gb,
+                               MatmulShape s) = 0;
+  virtual void linear(const float* x, const float* w, const float* bias, float* y, LinearShape s) = 0;
+  // gx += gy w, gw += gy^T x, gbias += column sums of gy
+  virtual void linear_backward(const float* gy, const float* x, const float* w, float* gx, float* gw,
+                               float* gbias, LinearShape s) = 0;
+  virtual void add_bias(const float* x, const float* bias, float* y, BiasShape s) = 0;
+  virtual void add_bias_backward(const float* gy, float* gx, float* gbias, BiasShape s) = 0;
+
+  // ---- convolution and pooling ----
+  virtual void conv2d(const float* x, const float* w, const float* bias, float* y,
+                      const Conv2dGeometry& g) = 0;
+  // `y` is the forward output, read only with fuse_relu (the gradient passes where y > 0).
+  virtual void conv2d_backward(const float* gy, const float* x, const float* w, const float* y, float* gx,
+                               float* gw, float* gbias, const Conv2dGeometry& g) = 0;
+  // `argmax` (may be null): each output's winner as an index into its input plane. Ties go to the
+  // first maximum in row-major window order and NaN wins, as in PyTorch.
+  virtual void maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& g) = 0;
+  virtual void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx,
+                                  const Pool2dGeometry& g) = 0;
+
+  // ---- pointwise ----
+  virtual void activation(Activation f, const float* x, float* y, int64_t n) = 0;
+  // gx += gy * f'(x), with f' written in terms of x and y = f(x)
+  virtual void activation_backward(Activation f, const float* x, const float* y, const float* gy, float* gx,
+                                   int64_t n) = 0;
+  // mask[i] = 1 / (1 - p) if uniform_from_bits(splitmix64_draw(rng_state, i)) >= p else 0, and
+  // y = x * mask: the masks a CPU Rng at `rng_state` draws, element by element (core/rng.h).
+  virtual void dropout(const float* x, float* y, float* mask, int64_t n, float p, uint64_t rng_state) = 0;
+  virtual void dropout_backward(const float* gy, const float* mask, float* gx,
+                                int64_t n) = 0;                   // gx += gy * mask
+  virtual void add(const float* x, float* y, int64_t n) = 0;      // y += x
+  virtual void add_scalar(float* y, int64_t n, float value) = 0;  // y += value
+
+  // ---- losses and reductions: scalars (the loss, its upstream gradient) stay on the device ----
+  // probs = softmax(logits) row by row (kept for backward), loss = mean over rows of -log probs[label].
+  // Labels are host memory, checked to lie in [0, classes) by the caller.
+  virtual void cross_entropy(const float* logits, std::span<const int32_t> labels, float* probs, float* loss,
+                             int64_t batch, int64_t classes) = 0;
+  // glogits += gloss[0] / batch * (probs - onehot(labels))
+  virtual void cross_entropy_backward(const float* probs, std::span<const int32_t> labels, const float* gloss,
+                                      float* glogits, int64_t batch, int64_t classes) = 0;
+  virtual void mse(const float* prediction, const float* target, float* loss,
+                   int64_t n) = 0;  // mean (p - t)^2
+  virtual void mse_backward(const float* prediction, const float* target, const float* gloss,
+                            float* gprediction, int64_t n) = 0;
+  virtual void sum(const float* x, float* out, int64_t n) = 0;
+  virtual void sum_backward(const float* gout, float* gx, int64_t n) = 0;  // gx += gout[0]
+
+  // ---- gradient reduction ----
+  virtual void to_half(const float* x, uint16_t* y, int64_t n, float scale,
+                       HalfFormat format) = 0;  // y = half(x * scale)
+  virtual void from_half(const uint16_t* x, float* y, int64_t n, HalfFormat format) = 0;
+  // Whether every element is neither Inf nor NaN.
+  virtual bool all_finite(const float* x, int64_t n) = 0;
+
+  // ---- optimizers: one fused update over flat buffers (core/update_rules.h) ----
+  virtual void sgd_step(float* params, const float* grads, float* momentum_buffer, int64_t n,
+                        const SgdStep& s) = 0;
+  virtual void adam_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, int64_t n,
+                         const AdamStep& s) = 0;
+};
+
+// The backend of `device`. "cpu" and "reference" are always there; others exist once registered.
+// Throws naming the device when none is.
+Backend& backend_for(Device device);
+bool has_backend(Device device);
+// Makes `backend` the one for backend->device() (e.g. the CUDA backend, once per GPU it drives).
+void register_backend(std::shared_ptr<Backend> backend);
+
+}  // namespace dptrain

@@ -1,0 +1,127 @@
+// The CPU backend: host memory from the block cache and the kernels of core/cpu/.
+#include "core/cpu/backend.h"
+
+#include <cstring>
+
+#include "core/cpu/kernels.h"
+#include "core/storage.h"
+
+namespace dptrain::cpu {
+
+void* HostMemory::allocate(std::size_t bytes) {
+  return allocate_host_block(bytes);
+}
+void HostMemory::release(void* pointer, std::size_t bytes) {
+  release_host_block(pointer, bytes);
+}
+void HostMemory::copy_from_host(void* dst, const void* src, std::size_t bytes) {
+  std::memcpy(dst, src, bytes);
+}
+void HostMemory::copy_to_host(void* dst, const void* src, std::size_t bytes) {
+  std::memcpy(dst, src, bytes);
+}
+void HostMemory::copy(void* dst, const void* src, std::size_t bytes) {
+  std::memcpy(dst, src, bytes);
+}
+void HostMemory::fill(float* dst, int64_t n, float value) {
+  if (value == 0.0f) {
+    std::memset(dst, 0, static_cast<std::size_t>(n) * sizeof(float));
+  } else {
+    std::fill_n(dst, n, value);
+  }
+}
+void HostMemory::add_scalar(float* y, int64_t n, float value) {
+  for (int64_t i = 0; i < n; ++i) y[i] += value;
+}
+void HostMemory::to_half(const float* x, uint16_t* y, int64_t n, float scale, HalfFormat format) {
+  floats_to_halves(x, y, n, scale, format);
+}
+void HostMemory::from_half(const uint16_t* x, float* y, int64_t n, HalfFormat format) {
+  halves_to_floats(x, y, n, format);
+}
+
+void CpuBackend::matmul(const float* a, const float* b, float* y, MatmulShape s) {
+  cpu::matmul(a, b, y, s);
+}
+void CpuBackend::matmul_backward(const float* gy, const float* a, const float* b, float* ga, float* gb,
+                                 MatmulShape s) {
+  cpu::matmul_backward(gy, a, b, ga, gb, s);
+}
+void CpuBackend::linear(const float* x, const float* w, const float* bias, float* y, LinearShape s) {
+  cpu::linear(x, w, bias, y, s);
+}
+void CpuBackend::linear_backward(const float* gy, const float* x, const float* w, float* gx, float* gw,
+                                 float* gbias, LinearShape s) {
+  cpu::linear_backward(gy, x, w, gx, gw, gbias, s);
+}
+void CpuBackend::add_bias(const float* x, const float* bias, float* y, BiasShape s) {
+  cpu::add_bias(x, bias, y, s);
+}
+void CpuBackend::add_bias_backward(const float* gy, float* gx, float* gbias, BiasShape s) {
+  cpu::add_bias_backward(gy, gx, gbias, s);
+}
+void CpuBackend::conv2d(const float* x, const float* w, const float* bias, float* y,
+                        const Conv2dGeometry& g) {
+  cpu::conv2d(x, w, bias, y, g);
+}
+void CpuBackend::conv2d_backward(const float* gy, const float* x, const float* w, const float* y, float* gx,
+                                 float* gw, float* gbias, const Conv2dGeometry& g) {
+  cpu::conv2d_backward(gy, x, w, y, gx, gw, gbias, g);
+}
+void CpuBackend::maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& g) {
+  cpu::maxpool2d(x, y, argmax, g);
+}
+void CpuBackend::maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx,
+                                    const Pool2dGeometry& g) {
+  cpu::maxpool2d_backward(gy, argmax, gx, g);
+}
+void CpuBackend::activation(Activation f, const float* x, float* y, int64_t n) {
+  cpu::activation(f, x, y, n);
+}
+void CpuBackend::activation_backward(Activation f, const float* x, const float* y, const float* gy, float* gx,
+                                     int64_t n) {
+  cpu::activation_backward(f, x, y, gy, gx, n);
+}
+void CpuBackend::dropout(const float* x, float* y, float* mask, int64_t n, float p, uint64_t rng_state) {
+  cpu::dropout(x, y, mask, n, p, rng_state);
+}
+void CpuBackend::dropout_backward(const float* gy, const float* mask, float* gx, int64_t n) {
+  cpu::dropout_backward(gy, mask, gx, n);
+}
+void CpuBackend::add(const float* x, float* y, int64_t n) {
+  cpu::add(x, y, n);
+}
+void CpuBackend::cross_entropy(const float* logits, std::span<const int32_t> labels, float* probs,
+                               float* loss, int64_t batch, int64_t classes) {
+  cpu::cross_entropy(logits, labels, probs, loss, batch, classes);
+}
+void CpuBackend::cross_entropy_backward(const float* probs, std::span<const int32_t> labels,
+                                        const float* gloss, float* glogits, int64_t batch, int64_t classes) {
+  cpu::cross_entropy_backward(probs, labels, gloss, glogits, batch, classes);
+}
+void CpuBackend::mse(const float* prediction, const float* target, float* loss, int64_t n) {
+  cpu::mse(prediction, target, loss, n);
+}
+void CpuBackend::mse_backward(const float* prediction, const float* target, const float* gloss,
+                              float* gprediction, int64_t n) {
+  cpu::mse_backward(prediction, target, gloss, gprediction, n);
+}
+void CpuBackend::sum(const float* x, float* out, int64_t n) {
+  cpu::sum(x, out, n);
+}
+void CpuBackend::sum_backward(const float* gout, float* gx, int64_t n) {
+  add_scalar(gx, n, gout[0]);
+}
+bool CpuBackend::all_finite(const float* x, int64_t n) {
+  return cpu::all_finite(x, n);
+}
+void CpuBackend::sgd_step(float* params, const float* grads, float* momentum_buffer, int64_t n,
+                          const SgdStep& s) {
+  cpu::sgd_step(params, grads, momentum_buffer, n, s);
+}
+void CpuBackend::adam_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, int64_t n,
+                           const AdamStep& s) {
+  cpu::adam_step(params, grads, exp_avg, exp_avg_sq, n, s);
+}
+
+}  // namespace dptrain::cpu

@@ -1,0 +1,46 @@
+// The CPU backend's kernels (Eigen GEMMs, loops the compiler vectorises, OpenMP across cores);
+// core/cpu/backend.cpp puts them behind the Backend interface, whose comments say what each computes.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "core/backend.h"
+
+namespace dptrain::cpu {
+
+void matmul(const float* a, const float* b, float* y, MatmulShape s);
+void matmul_backward(const float* gy, const float* a, const float* b, float* ga, float* gb, MatmulShape s);
+void linear(const float* x, const float* w, const float* bias, float* y, LinearShape s);
+void linear_backward(const float* gy, const float* x, const float* w, float* gx, float* gw, float* gbias,
+                     LinearShape s);
+void add_bias(const float* x, const float* bias, float* y, BiasShape s);
+void add_bias_backward(const float* gy, float* gx, float* gbias, BiasShape s);
+
+void conv2d(const float* x, const float* w, const float* bias, float* y, const Conv2dGeometry& g);
+void conv2d_backward(const float* gy, const float* x, const float* w, const float* y, float* gx, float* gw,
+                     float* gbias, const Conv2dGeometry& g);
+void maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& g);
+void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx, const Pool2dGeometry& g);
+
+void activation(Activation f, const float* x, float* y, int64_t n);
+void activation_backward(Activation f, const float* x, const float* y, const float* gy, float* gx, int64_t n);
+void dropout(const float* x, float* y, float* mask, int64_t n, float p, uint64_t rng_state);
+void dropout_backward(const float* gy, const float* mask, float* gx, int64_t n);
+void add(const float* x, float* y, int64_t n);
+
+void cross_entropy(const float* logits, std::span<const int32_t> labels, float* probs, float* loss,
+                   int64_t batch, int64_t classes);
+void cross_entropy_backward(const float* probs, std::span<const int32_t> labels, const float* gloss,
+                            float* glogits, int64_t batch, int64_t classes);
+void mse(const float* prediction, const float* target, float* loss, int64_t n);
+void mse_backward(const float* prediction, const float* target, const float* gloss, float* gprediction,
+                  int64_t n);
+void sum(const float* x, float* out, int64_t n);
+
+bool all_finite(const float* x, int64_t n);
+void sgd_step(float* params, const float* grads, float* momentum_buffer, int64_t n, const SgdStep& s);
+void adam_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, int64_t n,
+               const AdamStep& s);
+
+}  // namespace dptrain::cpu

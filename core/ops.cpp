@@ -1,0 +1,235 @@
+// The differentiable ops, device-neutral: checks, outputs on the inputs' device, backend kernels,
+// and backward closures on the tape.
+#include "core/ops.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/error.h"
+
+namespace dptrain::ops {
+namespace {
+
+// The backend of the device every defined tensor among `tensors` lives on.
+Backend& backend_of(const char* op, std::initializer_list<const Tensor*> tensors) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : tensors) {
+    if (!t->defined()) continue;
+    if (first == nullptr) {
+      first = t;
+      continue;
+    }
+    DPTRAIN_CHECK(t->device() == first->device(), op, ": inputs on ", first->device().str(), " and ",
+                  t->device().str(), "; move them to one device first (Tensor::to)");
+  }
+  DPTRAIN_CHECK(first != nullptr, op, ": no input");
+  return backend_for(first->device());
+}
+
+// The gradient buffer of `t` where it lives, or null when no gradient is wanted.
+float* grad_if_wanted(const Tensor& t) {
+  return t.defined() && t.requires_grad() ? t.grad_ptr() : nullptr;
+}
+const float* data_if_defined(const Tensor& t) {
+  return t.defined() ? t.data_ptr() : nullptr;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  Backend& backend = backend_of("matmul", {&a, &b});
+  DPTRAIN_CHECK(a.ndim() == 2 && b.ndim() == 2 && a.dim(1) == b.dim(0), "matmul: shapes ",
+                shape_str(a.shape()), " and ", shape_str(b.shape()), " do not chain");
+  const MatmulShape s{a.dim(0), a.dim(1), b.dim(1)};
+  Tensor out = Tensor::empty({s.m, s.n}, a.device());
+  backend.matmul(a.data_ptr(), b.data_ptr(), out.data_ptr(), s);
+  if (autograd::any_requires_grad({&a, &b})) {
+    autograd::record(out, {&a, &b}, [&backend, a, b, out, s] {
+      backend.matmul_backward(out.grad_ptr(), a.data_ptr(), b.data_ptr(), grad_if_wanted(a),
+                              grad_if_wanted(b), s);
+    });
+  }
+  return out;
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  Backend& backend = backend_of("linear", {&x, &weight, &bias});
+  DPTRAIN_CHECK(x.ndim() == 2 && weight.ndim() == 2 && x.dim(1) == weight.dim(1), "linear: input ",
+                shape_str(x.shape()), " does not match weight ", shape_str(weight.shape()), " ([out, in])");
+  const LinearShape s{x.dim(0), x.dim(1), weight.dim(0)};
+  DPTRAIN_CHECK(!bias.defined() || (bias.ndim() == 1 && bias.dim(0) == s.out), "linear: bias ",
+                shape_str(bias.shape()), " does not match ", s.out, " outputs");
+  Tensor out = Tensor::empty({s.batch, s.out}, x.device());
+  backend.linear(x.data_ptr(), weight.data_ptr(), data_if_defined(bias), out.data_ptr(), s);
+  if (autograd::any_requires_grad({&x, &weight, &bias})) {
+    autograd::record(out, {&x, &weight, &bias}, [&backend, x, weight, bias, out, s] {
+      backend.linear_backward(out.grad_ptr(), x.data_ptr(), weight.data_ptr(), grad_if_wanted(x),
+                              grad_if_wanted(weight), grad_if_wanted(bias), s);
+    });
+  }
+  return out;
+}
+
+Tensor add_bias(const Tensor& x, const Tensor& bias) {
+  Backend& backend = backend_of("add_bias", {&x, &bias});
+  DPTRAIN_CHECK(x.ndim() >= 2 && bias.ndim() == 1 && bias.dim(0) == x.dim(1), "add_bias: bias ",
+                shape_str(bias.shape()), " does not match dimension 1 of ", shape_str(x.shape()));
+  const int64_t outer = x.dim(0), channels = x.dim(1);
+  const BiasShape s{outer, channels, outer * channels == 0 ? 0 : x.numel() / (outer * channels)};
+  Tensor out = Tensor::empty(x.shape(), x.device());
+  backend.add_bias(x.data_ptr(), bias.data_ptr(), out.data_ptr(), s);
+  if (autograd::any_requires_grad({&x, &bias})) {
+    autograd::record(out, {&x, &bias}, [&backend, x, bias, out, s] {
+      backend.add_bias_backward(out.grad_ptr(), grad_if_wanted(x), grad_if_wanted(bias), s);
+    });
+  }
+  return out;
+}
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dOptions options) {
+  Backend& backend = backend_of("conv2d", {&x, &weight, &bias});
+  DPTRAIN_CHECK(x.ndim() == 4, "conv2d: input must be [B, C, H, W], got ", shape_str(x.shape()));
+  DPTRAIN_CHECK(weight.ndim() == 4 && weight.dim(1) == x.dim(1), "conv2d: weight ", shape_str(weight.shape()),
+                " ([out_c, in_c, kh, kw]) does not match input ", shape_str(x.shape()));
+  DPTRAIN_CHECK(options.stride >= 1 && options.padding >= 0, "conv2d: stride must be >= 1 and padding >= 0");
+  Conv2dGeometry g{x.dim(0),      x.dim(1), x.dim(2), x.dim(3),       weight.dim(0),   weight.dim(2),
+                   weight.dim(3), 0,        0,        options.stride, options.padding, options.fuse_relu};
+  g.out_h = (g.height + 2 * g.padding - g.kernel_h) / g.stride + 1;
+  g.out_w = (g.width + 2 * g.padding - g.kernel_w) / g.stride + 1;
+  DPTRAIN_CHECK(g.height + 2 * g.padding >= g.kernel_h && g.width + 2 * g.padding >= g.kernel_w,
+                "conv2d: kernel ", g.kernel_h, "x", g.kernel_w, " does not fit input ", shape_str(x.shape()),
+                " with padding ", g.padding);
+  DPTRAIN_CHECK(!bias.defined() || (bias.ndim() == 1 && bias.dim(0) == g.out_channels), "conv2d: bias ",
+                shape_str(bias.shape()), " does not match ", g.out_channels, " output channels");
+  Tensor out = Tensor::empty({g.batch, g.out_channels, g.out_h, g.out_w}, x.device());
+  backend.conv2d(x.data_ptr(), weight.data_ptr(), data_if_defined(bias), out.data_ptr(), g);
+  if (autograd::any_requires_grad({&x, &weight, &bias})) {
+    autograd::record(out, {&x, &weight, &bias}, [&backend, x, weight, bias, out, g] {
+      backend.conv2d_backward(out.grad_ptr(), x.data_ptr(), weight.data_ptr(), out.data_ptr(),
+                              grad_if_wanted(x), grad_if_wanted(weight), grad_if_wanted(bias), g);
+    });
+  }
+  return out;
+}
+
+Tensor maxpool2d(const Tensor& x, int kernel, int stride) {
+  Backend& backend = backend_of("maxpool2d", {&x});
+  DPTRAIN_CHECK(x.ndim() == 4, "maxpool2d: input must be [B, C, H, W], got ", shape_str(x.shape()));
+  DPTRAIN_CHECK(kernel >= 1 && stride >= 1, "maxpool2d: kernel and stride must be >= 1");
+  DPTRAIN_CHECK(x.dim(2) >= kernel && x.dim(3) >= kernel, "maxpool2d: kernel ", kernel, " larger than input ",
+                shape_str(x.shape()));
+  const Pool2dGeometry g{x.dim(0) * x.dim(1),
+                         x.dim(2),
+                         x.dim(3),
+                         (x.dim(2) - kernel) / stride + 1,
+                         (x.dim(3) - kernel) / stride + 1,
+                         kernel,
+                         stride};
+  Tensor out = Tensor::empty({x.dim(0), x.dim(1), g.out_h, g.out_w}, x.device());
+  const bool track = autograd::any_requires_grad({&x});
+  // Position of each output's winner within its input plane, kept for backward.
+  StoragePtr argmax = track ? make_storage(sizeof(int32_t) * out.numel(), x.device()) : nullptr;
+  backend.maxpool2d(x.data_ptr(), out.data_ptr(), track ? argmax->as<int32_t>() : nullptr, g);
+  if (track) {
+    autograd::record(out, {&x}, [&backend, x, out, argmax, g] {
+      backend.maxpool2d_backward(out.grad_ptr(), argmax->as<int32_t>(), x.grad_ptr(), g);
+    });
+  }
+  return out;
+}
+
+Tensor activation(const Tensor& x, Activation f) {
+  Backend& backend = backend_of("activation", {&x});
+  Tensor out = Tensor::empty(x.shape(), x.device());
+  const int64_t n = x.numel();
+  backend.activation(f, x.data_ptr(), out.data_ptr(), n);
+  if (autograd::any_requires_grad({&x})) {
+    autograd::record(out, {&x}, [&backend, f, x, out, n] {
+      backend.activation_backward(f, x.data_ptr(), out.data_ptr(), out.grad_ptr(), x.grad_ptr(), n);
+    });
+  }
+  return out;
+}
+
+Tensor reshape(const Tensor& x, Shape shape) {
+  Tensor out = x.view(std::move(shape));
+  if (autograd::any_requires_grad({&x})) {
+    Backend& backend = backend_of("reshape", {&x});
+    autograd::record(out, {&x}, [&backend, x, out] { backend.add(out.grad_ptr(), x.grad_ptr(), x.numel()); });
+  }
+  return out;
+}
+
+Tensor flatten(const Tensor& x) {
+  DPTRAIN_CHECK(x.ndim() >= 1, "flatten: needs a batch dimension");
+  return reshape(x, {x.dim(0), x.numel() / std::max<int64_t>(x.dim(0), 1)});
+}
+
+Tensor dropout(const Tensor& x, float p, Rng& rng) {
+  DPTRAIN_CHECK(p >= 0.0f && p < 1.0f, "dropout: p must be in [0, 1), got ", p);
+  Backend& backend = backend_of("dropout", {&x});
+  const int64_t n = x.numel();
+  Tensor mask = Tensor::empty(x.shape(), x.device()), out = Tensor::empty(x.shape(), x.device());
+  backend.dropout(x.data_ptr(), out.data_ptr(), mask.data_ptr(), n, p, rng.state());
+  rng.skip(static_cast<uint64_t>(n));
+  if (autograd::any_requires_grad({&x})) {
+    autograd::record(out, {&x}, [&backend, x, out, mask, n] {
+      backend.dropout_backward(out.grad_ptr(), mask.data_ptr(), x.grad_ptr(), n);
+    });
+  }
+  return out;
+}
+
+Tensor cross_entropy(const Tensor& logits, std::span<const int32_t> labels) {
+  Backend& backend = backend_of("cross_entropy", {&logits});
+  DPTRAIN_CHECK(logits.ndim() == 2, "cross_entropy: logits must be [B, C], got ", shape_str(logits.shape()));
+  const int64_t batch = logits.dim(0), classes = logits.dim(1);
+  DPTRAIN_CHECK(static_cast<int64_t>(labels.size()) == batch, "cross_entropy: ", labels.size(),
+                " labels for a batch of ", batch);
+  DPTRAIN_CHECK(batch > 0, "cross_entropy: empty batch");
+  for (const int32_t label : labels)
+    DPTRAIN_CHECK(label >= 0 && label < classes, "cross_entropy: label ", label, " outside [0, ", classes,
+                  ")");
+  // Softmax probabilities are kept for backward: d loss / d logits = (softmax - onehot) / B.
+  Tensor probs = Tensor::empty(logits.shape(), logits.device()), out = Tensor::empty({1}, logits.device());
+  backend.cross_entropy(logits.data_ptr(), labels, probs.data_ptr(), out.data_ptr(), batch, classes);
+  if (autograd::any_requires_grad({&logits})) {
+    std::vector<int32_t> kept(labels.begin(), labels.end());
+    autograd::record(out, {&logits}, [&backend, logits, out, probs, kept = std::move(kept), batch, classes] {
+      backend.cross_entropy_backward(probs.data_ptr(), kept, out.grad_ptr(), logits.grad_ptr(), batch,
+                                     classes);
+    });
+  }
+  return out;
+}
+
+Tensor mse(const Tensor& prediction, const Tensor& target) {
+  Backend& backend = backend_of("mse", {&prediction, &target});
+  DPTRAIN_CHECK(prediction.shape() == target.shape(), "mse: prediction ", shape_str(prediction.shape()),
+                " and target ", shape_str(target.shape()), " differ");
+  const int64_t n = prediction.numel();
+  Tensor out = Tensor::empty({1}, prediction.device());
+  backend.mse(prediction.data_ptr(), target.data_ptr(), out.data_ptr(), n);
+  if (autograd::any_requires_grad({&prediction})) {
+    autograd::record(out, {&prediction}, [&backend, prediction, target, out, n] {
+      backend.mse_backward(prediction.data_ptr(), target.data_ptr(), out.grad_ptr(), prediction.grad_ptr(),
+                           n);
+    });
+  }
+  return out;
+}
+
+Tensor sum(const Tensor& x) {
+  Backend& backend = backend_of("sum", {&x});
+  const int64_t n = x.numel();
+  Tensor out = Tensor::empty({1}, x.device());
+  backend.sum(x.data_ptr(), out.data_ptr(), n);
+  if (autograd::any_requires_grad({&x})) {
+    autograd::record(out, {&x},
+                     [&backend, x, out, n] { backend.sum_backward(out.grad_ptr(), x.grad_ptr(), n); });
+  }
+  return out;
+}
+
+}  // namespace dptrain::ops

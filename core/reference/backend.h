@@ -1,0 +1,50 @@
+// The reference backend (device "reference"): naive kernels in double over host memory, the oracle
+// of the conformance tests. Core-internal: reach it through backend_for(Device::reference()).
+#pragma once
+
+#include "core/cpu/backend.h"
+
+namespace dptrain::reference {
+
+class ReferenceBackend final : public cpu::HostMemory {
+ public:
+  Device device() const override { return Device::reference(); }
+  void matmul(const float* a, const float* b, float* y, MatmulShape s) override;
+  void matmul_backward(const float* gy, const float* a, const float* b, float* ga, float* gb,
+                       MatmulShape s) override;
+  void linear(const float* x, const float* w, const float* bias, float* y, LinearShape s) override;
+  void linear_backward(const float* gy, const float* x, const float* w, float* gx, float* gw, float* gbias,
+                       LinearShape s) override;
+  void add_bias(const float* x, const float* bias, float* y, BiasShape s) override;
+  void add_bias_backward(const float* gy, float* gx, float* gbias, BiasShape s) override;
+  void conv2d(const float* x, const float* w, const float* bias, float* y, const Conv2dGeometry& g) override;
+  void conv2d_backward(const float* gy, const float* x, const float* w, const float* y, float* gx, float* gw,
+                       float* gbias, const Conv2dGeometry& g) override;
+  void maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& g) override;
+  void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx,
+                          const Pool2dGeometry& g) override;
+  void activation(Activation f, const float* x, float* y, int64_t n) override;
+  void activation_backward(Activation f, const float* x, const float* y, const float* gy, float* gx,
+                           int64_t n) override;
+  void dropout(const float* x, float* y, float* mask, int64_t n, float p, uint64_t rng_state) override;
+  void dropout_backward(const float* gy, const float* mask, float* gx, int64_t n) override;
+  void add(const float* x, float* y, int64_t n) override;
+  void cross_entropy(const float* logits, std::span<const int32_t> labels, float* probs, float* loss,
+                     int64_t batch, int64_t classes) override;
+  void cross_entropy_backward(const float* probs, std::span<const int32_t> labels, const float* gloss,
+                              float* glogits, int64_t batch, int64_t classes) override;
+  void mse(const float* prediction, const float* target, float* loss, int64_t n) override;
+  void mse_backward(const float* prediction, const float* target, const float* gloss, float* gprediction,
+                    int64_t n) override;
+  void sum(const float* x, float* out, int64_t n) override;
+  void sum_backward(const float* gout, float* gx, int64_t n) override;
+  void to_half(const float* x, uint16_t* y, int64_t n, float scale, HalfFormat format) override;
+  void from_half(const uint16_t* x, float* y, int64_t n, HalfFormat format) override;
+  bool all_finite(const float* x, int64_t n) override;
+  void sgd_step(float* params, const float* grads, float* momentum_buffer, int64_t n,
+                const SgdStep& s) override;
+  void adam_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, int64_t n,
+                 const AdamStep& s) override;
+};
+
+}  // namespace dptrain::reference

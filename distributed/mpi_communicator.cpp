@@ -1,0 +1,357 @@
+// MPI collectives, the communication thread and the stall watchdog.
+#include "distributed/mpi_communicator.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+
+#include "core/error.h"
+#include "core/timeline.h"
+#include "distributed/mpi_check.h"
+
+namespace dptrain::distributed {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+MPI_Datatype mpi_type(DataType type) {
+  switch (type) {
+    case DataType::kF32:
+      return MPI_FLOAT;
+    case DataType::kF64:
+      return MPI_DOUBLE;
+    case DataType::kI32:
+      return MPI_INT32_T;
+    case DataType::kI64:
+      return MPI_INT64_T;
+    case DataType::kU64:
+      return MPI_UINT64_T;
+    case DataType::kU16:
+    case DataType::kF16:
+    case DataType::kBf16:
+      return MPI_UINT16_T;
+    case DataType::kU8:
+      return MPI_UINT8_T;
+  }
+  DPTRAIN_FAIL("unknown DataType");
+}
+
+int checked_count(std::size_t elements) {
+  DPTRAIN_CHECK(elements <= static_cast<std::size_t>(INT32_MAX), "collective of ", elements,
+                " elements exceeds MPI's int count; split it");
+  return static_cast<int>(elements);
+}
+
+void fp16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  add_halves(static_cast<const uint16_t*>(in), static_cast<uint16_t*>(inout), *len, HalfFormat::kFp16);
+}
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  add_halves(static_cast<const uint16_t*>(in), static_cast<uint16_t*>(inout), *len, HalfFormat::kBf16);
+}
+
+// Half-precision sums as MPI user operations, created once per process (MPI_Finalize frees them).
+MPI_Op half_sum_op(HalfFormat format) {
+  static std::once_flag once;
+  static MPI_Op ops[2];
+  std::call_once(once, [] {
+    DPTRAIN_MPI_CHECK(MPI_Op_create(fp16_sum, /*commute=*/1, &ops[0]));
+    DPTRAIN_MPI_CHECK(MPI_Op_create(bf16_sum, /*commute=*/1, &ops[1]));
+  });
+  return ops[format == HalfFormat::kFp16 ? 0 : 1];
+}
+
+// The sum (or average) of `count` elements over `comm`, in place; half types sum in half precision.
+void allreduce_now(void* data, std::size_t count, DataType type, ReduceOp op, MPI_Comm comm, int size) {
+  const bool half = type == DataType::kF16 || type == DataType::kBf16;
+  DPTRAIN_CHECK(!half || op == ReduceOp::kSum, "a half-precision allreduce only sums (pre-scale instead)");
+  const MPI_Op sum =
+      half ? half_sum_op(type == DataType::kF16 ? HalfFormat::kFp16 : HalfFormat::kBf16) : MPI_SUM;
+  DPTRAIN_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, checked_count(count), mpi_type(type), sum, comm));
+  if (op == ReduceOp::kSum) return;
+  const auto divide = [&]<typename T>(T* values) {
+    for (std::size_t i = 0; i < count; ++i) values[i] /= static_cast<T>(size);
+  };
+  switch (type) {
+    case DataType::kF32:
+      return divide(static_cast<float*>(data));
+    case DataType::kF64:
+      return divide(static_cast<double*>(data));
+    case DataType::kI32:
+      return divide(static_cast<int32_t*>(data));
+    case DataType::kI64:
+      return divide(static_cast<int64_t*>(data));
+    case DataType::kU64:
+      return divide(static_cast<uint64_t*>(data));
+    case DataType::kU16:
+      return divide(static_cast<uint16_t*>(data));
+    case DataType::kU8:
+      return divide(static_cast<uint8_t*>(data));
+    case DataType::kF16:
+    case DataType::kBf16:
+      break;
+  }
+}
+
+}  // namespace
+
+struct Job final : PendingWork {
+  std::string what;
+  std::string timeline_name;  // its span on the timeline, when that is on
+  std::function<void()> run;
+  std::atomic<bool> done{false};
+  std::exception_ptr error;
+};
+
+// Watches collectives in flight, two slots: the calling thread's and the communication thread's.
+struct StallWatchdog {
+  struct Slot {
+    bool active = false, warned = false;
+    Clock::time_point since;
+    std::string what;
+  };
+  StallPolicy policy;
+  int rank;
+  std::mutex mutex;
+  std::condition_variable wake;
+  Slot slots[2];
+  bool stop = false;
+  std::thread thread;
+
+  StallWatchdog(StallPolicy p, int r) : policy(p), rank(r) {
+    if (policy.warning_s > 0 || policy.abort_s > 0) thread = std::thread([this] { loop(); });
+  }
+  ~StallWatchdog() {
+    {
+      std::lock_guard lock(mutex);
+      stop = true;
+    }
+    wake.notify_all();
+    if (thread.joinable()) thread.join();
+  }
+
+  void enter(int slot, const std::string& what) {
+    std::lock_guard lock(mutex);
+    slots[slot] = {true, false, Clock::now(), what};
+  }
+  void leave(int slot) {
+    std::lock_guard lock(mutex);
+    slots[slot].active = false;
+  }
+
+  void loop() {
+    std::unique_lock lock(mutex);
+    while (!stop) {
+      wake.wait_for(lock, std::chrono::milliseconds(100));
+      for (Slot& s : slots) {
+        if (!s.active) continue;
+        const double waited = std::chrono::duration<double>(Clock::now() - s.since).count();
+        if (policy.warning_s > 0 && !s.warned && waited > policy.warning_s) {
+          std::fprintf(stderr, "dptrain: rank %d has waited %.0f s in %s; a peer may be stalled or dead\n",
+                       rank, waited, s.what.c_str());
+          std::fflush(stderr);
+          s.warned = true;
+        }
+        if (policy.abort_s > 0 && waited > policy.abort_s) {
+          std::fprintf(stderr,
+                       "dptrain: error on rank %d: stalled %.0f s in %s (distributed.stall_abort_s = %g); "
+                       "check the other ranks' output for the first error\n",
+                       rank, waited, s.what.c_str(), policy.abort_s);
+          std::fflush(stderr);
+          // This thread may not call MPI while another is inside it; an exit without MPI_Finalize
+          // makes mpirun stop the whole job.
+          std::_Exit(1);
+        }
+      }
+    }
+  }
+};
+
+// RAII: a collective in flight on one slot.
+class Watch {
+ public:
+  Watch(StallWatchdog* dog, int slot, const std::string& what) : dog_(dog), slot_(slot) {
+    if (dog_) dog_->enter(slot_, what);
+  }
+  ~Watch() {
+    if (dog_) dog_->leave(slot_);
+  }
+
+ private:
+  StallWatchdog* dog_;
+  int slot_;
+};
+
+struct CommWorker {
+  std::mutex mutex;
+  std::condition_variable has_work, finished;
+  std::deque<std::shared_ptr<Job>> queue;
+  bool busy = false, stop = false;
+  std::thread thread;
+
+  // The thread holds its own reference: if the owner must give up on a collective that never
+  // returns (an abort is coming), it detaches and nothing is destroyed under the thread's feet.
+  static void loop(std::shared_ptr<CommWorker> self, std::shared_ptr<StallWatchdog> dog) {
+    timeline::set_thread(1, "communication");
+    for (;;) {
+      std::shared_ptr<Job> job;
+      {
+        std::unique_lock lock(self->mutex);
+        self->has_work.wait(lock, [&] { return self->stop || !self->queue.empty(); });
+        if (self->queue.empty()) return;
+        job = std::move(self->queue.front());
+        self->queue.pop_front();
+        self->busy = true;
+      }
+      try {
+        Watch watch(dog.get(), 1, job->what);
+        const auto begin = timeline::Clock::now();
+        job->run();
+        if (timeline::enabled() && !job->timeline_name.empty())
+          timeline::record(std::move(job->timeline_name), "communication", begin, timeline::Clock::now());
+      } catch (...) {
+        job->error = std::current_exception();
+      }
+      {
+        std::lock_guard lock(self->mutex);
+        job->done.store(true, std::memory_order_release);
+        self->busy = false;
+      }
+      self->finished.notify_all();
+    }
+  }
+};
+
+MpiCommunicator::MpiCommunicator(const World& world, StallPolicy stall)
+    : rank_(world.rank()), size_(world.size()) {
+  if (size_ > 1) watchdog_ = std::make_shared<StallWatchdog>(stall, rank_);
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  if (!worker_) return;
+  bool idle;
+  {
+    std::lock_guard lock(worker_->mutex);
+    worker_->stop = true;
+    idle = !worker_->busy && worker_->queue.empty();
+  }
+  worker_->has_work.notify_all();
+  // Busy only when unwinding from an error with a collective stuck in flight: the process is about
+  // to abort, and joining would hang.
+  if (idle) {
+    worker_->thread.join();
+  } else {
+    worker_->thread.detach();
+  }
+}
+
+Pending MpiCommunicator::start_allreduce_elements(void* data, std::size_t count, DataType type, ReduceOp op,
+                                                  std::string what, std::string timeline_name) {
+  if (size_ == 1 || count == 0) return {};
+  if (!worker_) {
+    worker_ = std::make_shared<CommWorker>();
+    worker_->thread = std::thread(CommWorker::loop, worker_, watchdog_);
+  }
+  auto job = std::make_shared<Job>();
+  job->what = std::move(what);
+  job->timeline_name = std::move(timeline_name);
+  job->run = [data, count, type, op, size = size_] {
+    allreduce_now(data, count, type, op, MPI_COMM_WORLD, size);
+  };
+  {
+    std::lock_guard lock(worker_->mutex);
+    worker_->queue.push_back(job);
+  }
+  worker_->has_work.notify_one();
+  return Pending(std::move(job));
+}
+
+void MpiCommunicator::wait(Pending& pending) {
+  if (!pending.active()) return;
+  const std::shared_ptr<Job> job = std::static_pointer_cast<Job>(pending.take());
+  // Collectives often finish within microseconds of the request: spin a little before sleeping.
+  for (int spin = 0; spin < 2000 && !job->done.load(std::memory_order_acquire); ++spin)
+    std::this_thread::yield();
+  if (!job->done.load(std::memory_order_acquire)) {
+    std::unique_lock lock(worker_->mutex);
+    worker_->finished.wait(lock, [&] { return job->done.load(std::memory_order_acquire); });
+  }
+  if (job->error) std::rethrow_exception(job->error);
+}
+
+void MpiCommunicator::drain() {
+  if (!worker_) return;
+  std::unique_lock lock(worker_->mutex);
+  worker_->finished.wait(lock, [&] { return !worker_->busy && worker_->queue.empty(); });
+}
+
+void MpiCommunicator::allreduce_elements(void* data, std::size_t count, DataType type, ReduceOp op,
+                                         const std::string& what) {
+  if (size_ == 1 || count == 0) return;
+  drain();
+  Watch watch(watchdog_.get(), 0, what);
+  allreduce_now(data, count, type, op, MPI_COMM_WORLD, size_);
+}
+
+void MpiCommunicator::broadcast_elements(void* data, std::size_t count, DataType type, int root,
+                                         const std::string& what) {
+  if (size_ == 1 || count == 0) return;
+  drain();
+  Watch watch(watchdog_.get(), 0, what);
+  DPTRAIN_MPI_CHECK(MPI_Bcast(data, checked_count(count), mpi_type(type), root, MPI_COMM_WORLD));
+}
+
+void MpiCommunicator::allgather_elements(const void* send, void* recv, std::size_t count, DataType type,
+                                         const std::string& what) {
+  if (size_ == 1) {
+    const int element = type == DataType::kF32 || type == DataType::kI32                              ? 4
+                        : type == DataType::kU16 || type == DataType::kF16 || type == DataType::kBf16 ? 2
+                        : type == DataType::kU8                                                       ? 1
+                                                                                                      : 8;
+    std::memcpy(recv, send, count * static_cast<std::size_t>(element));
+    return;
+  }
+  drain();
+  Watch watch(watchdog_.get(), 0, what);
+  DPTRAIN_MPI_CHECK(MPI_Allgather(send, checked_count(count), mpi_type(type), recv, checked_count(count),
+                                  mpi_type(type), MPI_COMM_WORLD));
+}
+
+void MpiCommunicator::barrier(const std::string& what) {
+  if (size_ == 1) return;
+  drain();
+  Watch watch(watchdog_.get(), 0, what);
+  DPTRAIN_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+}
+
+std::vector<std::string> MpiCommunicator::gather_to_root(const std::string& mine, const std::string& what) {
+  if (size_ == 1) return {mine};
+  drain();
+  Watch watch(watchdog_.get(), 0, what);
+  const int length = checked_count(mine.size());
+  std::vector<int> lengths(rank_ == 0 ? size_ : 0), offsets(lengths.size());
+  DPTRAIN_MPI_CHECK(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, MPI_COMM_WORLD));
+  std::string all;
+  if (rank_ == 0) {
+    std::size_t total = 0;
+    for (int r = 0; r < size_; ++r) {
+      offsets[r] = checked_count(total);
+      total += static_cast<std::size_t>(lengths[r]);
+    }
+    all.resize(total);
+    checked_count(total);  // the displacements are ints as well
+  }
+  DPTRAIN_MPI_CHECK(MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(),
+                                MPI_CHAR, 0, MPI_COMM_WORLD));
+  std::vector<std::string> out;
+  for (int r = 0; rank_ == 0 && r < size_; ++r) out.push_back(all.substr(offsets[r], lengths[r]));
+  return out;
+}
+
+}  // namespace dptrain::distributed

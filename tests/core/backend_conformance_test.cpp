@@ -1,0 +1,518 @@
+// backend_conformance (ggml's test-backend-ops): a table of cases, (op, shapes, options), each run
+// forward and backward on every backend under test and on the reference backend (naive loops in
+// double, core/reference/), through the same device-neutral op. Backward starts from a random
+// upstream gradient and runs twice, so every input gradient is compared after accumulating two
+// passes, and the second pass must have added exactly what the first did (gradients accumulate, not
+// overwrite). Both optimizers are run for three steps over flat buffers and compared, state included.
+//
+// Error: ||backend - reference|| / ||reference|| over the tensor (its norm alone when the reference
+// is zero), against a per-case tolerance: 0 means bitwise equal (relu, max-pooling, reshape,
+// dropout, bias forward, casts: no rounding differs). GEMM-like cases allow 1e-5 (float partial sums
+// in another order than the reference's double ones: about sqrt(K) 2^-24), pointwise transcendental
+// functions and losses 1e-6 (float libm against double, one rounding each).
+//
+// Backends under test: "cpu" always; every other registered backend (the CUDA backend registers
+// each GPU) too. DPTRAIN_REQUIRE_GPU=1 turns "no GPU backend registered" into a failure, so a GPU
+// machine cannot report green without running the GPU rows. The table is printed at the end.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/backend.h"
+#include "core/ops.h"
+#include "core/parameters.h"
+#include "core/rng.h"
+#include "optim/optimizer.h"
+
+namespace dptrain {
+namespace {
+
+// ---- inputs ----
+
+enum class Fill {
+  kUniform,   // U(-1, 1)
+  kDistinct,  // all different, 0.05 apart, shuffled: no ties in a pooling window
+  kTies,      // {-0.5, 0, 0.5}: many ties, to check that every backend breaks them alike
+  kPositive,  // U(0.5, 2): targets and the like
+};
+
+struct Input {
+  Shape shape;
+  Fill fill = Fill::kUniform;
+  bool differentiable = true;
+};
+
+std::vector<float> host_values(const Input& in, uint64_t seed) {
+  const int64_t n = shape_numel(in.shape);
+  std::vector<float> v(static_cast<std::size_t>(n));
+  Rng rng(seed);
+  switch (in.fill) {
+    case Fill::kUniform:
+      for (float& x : v) x = rng.uniform(-1.0f, 1.0f);
+      break;
+    case Fill::kPositive:
+      for (float& x : v) x = rng.uniform(0.5f, 2.0f);
+      break;
+    case Fill::kTies:
+      for (float& x : v) x = 0.5f * static_cast<float>(static_cast<int>(rng.below(3)) - 1);
+      break;
+    case Fill::kDistinct:
+      for (int64_t i = 0; i < n; ++i) v[i] = 0.05f * static_cast<float>(i) - 0.025f * static_cast<float>(n);
+      for (int64_t i = n - 1; i > 0; --i) std::swap(v[i], v[rng.below(static_cast<uint64_t>(i + 1))]);
+      break;
+  }
+  return v;
+}
+
+// ---- comparison ----
+
+// ||a - b|| / ||b||, or ||a|| when b is zero; 0 exactly when bitwise equal up to the sign of zeros.
+double error_of(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - b[i];
+    diff += d * d;
+    norm += static_cast<double>(b[i]) * b[i];
+  }
+  if (a.size() != b.size()) return INFINITY;
+  return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Passes when bitwise equal for tolerance 0, else when the error is within it (NaN fails).
+bool within(const std::vector<float>& a, const std::vector<float>& b, double tolerance) {
+  return tolerance == 0 ? bitwise_equal(a, b) : error_of(a, b) <= tolerance;
+}
+
+// ---- the table that is printed at the end ----
+
+struct Row {
+  std::string op, shapes, backend;
+  double forward = 0;
+  std::vector<double> gradients;
+  double tolerance = 0;
+  bool ok = false;
+};
+std::vector<Row>& rows() {
+  static std::vector<Row> all;
+  return all;
+}
+
+std::vector<Device> devices_under_test() {
+  std::vector<Device> out = {Device::cpu()};
+  for (int i = 0; i < 16; ++i)
+    if (has_backend(Device::cuda(i))) out.push_back(Device::cuda(i));
+  return out;
+}
+
+// ---- ops ----
+
+struct Case {
+  std::string op, shapes;
+  std::vector<Input> inputs;
+  std::function<Tensor(const std::vector<Tensor>&)> run;
+  double tolerance;
+};
+
+struct Outcome {
+  std::vector<float> output;
+  std::vector<std::vector<float>> gradients_once, gradients_twice;  // per differentiable input
+};
+
+Outcome run_case(const Case& c, Device device) {
+  autograd::clear_tape();
+  std::vector<Tensor> inputs;
+  for (std::size_t k = 0; k < c.inputs.size(); ++k) {
+    const Tensor host = Tensor::from_data(c.inputs[k].shape, host_values(c.inputs[k], 100 + k));
+    Tensor t = host.to(device);
+    if (t.same_as(host)) t = host.clone();  // an input of its own on every device
+    t.set_requires_grad(c.inputs[k].differentiable);
+    inputs.push_back(t);
+  }
+  Outcome out;
+  for (int pass = 0; pass < 2; ++pass) {
+    const Tensor y = c.run(inputs);
+    if (pass == 0) out.output = y.to_vector();
+    const Tensor upstream =
+        Tensor::from_data(y.shape(), host_values({y.shape(), Fill::kUniform, false}, 7)).to(device);
+    autograd::backward(y, upstream);
+    for (const Tensor& t : inputs)
+      if (t.requires_grad()) {
+        std::vector<float> g(static_cast<std::size_t>(t.numel()));
+        backend_for(device).copy_to_host(g.data(), t.grad_ptr(), g.size() * sizeof(float));
+        (pass == 0 ? out.gradients_once : out.gradients_twice).push_back(std::move(g));
+      }
+  }
+  return out;
+}
+
+void check(const Case& c) {
+  const Outcome reference = run_case(c, Device::reference());
+  for (const Device device : devices_under_test()) {
+    const Outcome got = run_case(c, device);
+    Row row{c.op, c.shapes, device.str(), error_of(got.output, reference.output), {}, c.tolerance, true};
+    row.ok = within(got.output, reference.output, c.tolerance);
+    EXPECT_TRUE(within(got.output, reference.output, c.tolerance))
+        << c.op << " " << c.shapes << " on " << device.str() << ": forward error " << row.forward;
+    for (std::size_t k = 0; k < got.gradients_twice.size(); ++k) {
+      const double e = error_of(got.gradients_twice[k], reference.gradients_twice[k]);
+      row.gradients.push_back(e);
+      const bool close = within(got.gradients_twice[k], reference.gradients_twice[k], c.tolerance);
+      // The second pass added what the first produced: twice the first, up to the rounding of adding
+      // into a non-zero buffer (an overwrite would be off by half).
+      std::vector<float> doubled = got.gradients_once[k];
+      for (float& v : doubled) v *= 2;
+      const bool accumulated = error_of(got.gradients_twice[k], doubled) <= std::max(c.tolerance, 1e-6);
+      row.ok = row.ok && close && accumulated;
+      EXPECT_TRUE(close) << c.op << " " << c.shapes << " on " << device.str() << ": gradient of input " << k
+                         << " error " << e;
+      EXPECT_TRUE(accumulated) << c.op << " " << c.shapes << " on " << device.str()
+                               << ": the gradient of input " << k << " did not accumulate over two passes";
+    }
+    rows().push_back(row);
+  }
+}
+
+Input in(Shape shape, Fill fill = Fill::kUniform) {
+  return {std::move(shape), fill, true};
+}
+Input constant(Shape shape, Fill fill = Fill::kUniform) {
+  return {std::move(shape), fill, false};
+}
+
+constexpr double kGemm = 1e-5, kPointwise = 1e-6, kExact = 0;
+// Over 2.2M elements, for the pointwise kernels' multi-threaded and multi-block paths.
+const Shape kLarge = {2, 1100, 1024};
+
+std::string str(const Shape& s) {
+  return shape_str(s);
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  // matmul: a [M, K] x b [K, N]
+  for (const auto& [m, k, n] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {7, 13, 257}, {64, 128, 33}})
+    out.push_back({"matmul",
+                   str({m, k}) + " x " + str({k, n}),
+                   {in({m, k}), in({k, n})},
+                   [](const std::vector<Tensor>& t) { return ops::matmul(t[0], t[1]); },
+                   kGemm});
+  // linear: x [B, in], weight [out, in], bias [out] (and without bias)
+  for (const auto& [b, i, o] :
+       std::vector<std::array<int64_t, 3>>{{1, 7, 13}, {13, 257, 7}, {128, 1600, 64}}) {
+    out.push_back({"linear",
+                   "x " + str({b, i}) + ", w " + str({o, i}) + ", bias",
+                   {in({b, i}), in({o, i}), in({o})},
+                   [](const std::vector<Tensor>& t) { return ops::linear(t[0], t[1], t[2]); },
+                   kGemm});
+  }
+  out.push_back({"linear",
+                 "x [7, 13], w [257, 13], no bias",
+                 {in({7, 13}), in({257, 13})},
+                 [](const std::vector<Tensor>& t) { return ops::linear(t[0], t[1], Tensor()); },
+                 kGemm});
+  // add_bias: x [B, C, ...] + bias [C]; the bias gradient sums over the rest
+  out.push_back({"add_bias",
+                 "x [2, 3, 7, 13], bias [3]",
+                 {in({2, 3, 7, 13}), in({3})},
+                 [](const std::vector<Tensor>& t) { return ops::add_bias(t[0], t[1]); },
+                 kGemm});
+  out.push_back({"add_bias",
+                 "x [1, 257], bias [257]",
+                 {in({1, 257}), in({257})},
+                 [](const std::vector<Tensor>& t) { return ops::add_bias(t[0], t[1]); },
+                 kGemm});
+  out.push_back({"add_bias",
+                 "x " + str(kLarge) + ", bias [1100]",
+                 {in(kLarge), in({1100})},
+                 [](const std::vector<Tensor>& t) { return ops::add_bias(t[0], t[1]); },
+                 kGemm});
+  // conv2d: x [B, C, H, W], w [O, C, KH, KW], bias [O]; strides, padding, the fused ReLU, no bias
+  struct Conv {
+    Shape x, w;
+    int stride, padding;
+    bool relu, bias;
+  };
+  for (const Conv& v : std::vector<Conv>{{{1, 1, 7, 13}, {3, 1, 3, 3}, 1, 0, false, true},
+                                         {{2, 3, 13, 13}, {4, 3, 3, 3}, 2, 1, false, true},
+                                         {{3, 2, 9, 7}, {5, 2, 5, 5}, 1, 2, true, true},
+                                         {{2, 4, 8, 8}, {3, 4, 1, 1}, 1, 0, false, false},
+                                         {{1, 3, 7, 7}, {2, 3, 7, 7}, 1, 0, true, false},
+                                         {{8, 32, 13, 13}, {64, 32, 3, 3}, 1, 0, true, true}}) {
+    const std::string shapes = "x " + str(v.x) + ", w " + str(v.w) + ", stride " + std::to_string(v.stride) +
+                               ", pad " + std::to_string(v.padding) + (v.relu ? ", fused relu" : "") +
+                               (v.bias ? ", bias" : ", no bias");
+    std::vector<Input> inputs = {in(v.x), in(v.w)};
+    if (v.bias) inputs.push_back(in({v.w[0]}));
+    out.push_back({"conv2d", shapes, inputs,
+                   [v](const std::vector<Tensor>& t) {
+                     return ops::conv2d(t[0], t[1], v.bias ? t[2] : Tensor(), {v.stride, v.padding, v.relu});
+                   },
+                   kGemm});
+  }
+  // maxpool2d: windows that tile, overlap (stride < kernel) and leave a remainder; ties
+  for (const auto& [shape, kernel, stride] : std::vector<std::tuple<Shape, int, int>>{
+           {{1, 1, 13, 13}, 2, 2}, {{2, 3, 7, 13}, 3, 2}, {{2, 2, 9, 9}, 2, 1}, {{4, 32, 26, 26}, 2, 2}}) {
+    out.push_back(
+        {"maxpool2d",
+         str(shape) + ", kernel " + std::to_string(kernel) + ", stride " + std::to_string(stride),
+         {in(shape, Fill::kDistinct)},
+         [kernel, stride](const std::vector<Tensor>& t) { return ops::maxpool2d(t[0], kernel, stride); },
+         kExact});
+  }
+  out.push_back({"maxpool2d",
+                 "[2, 3, 9, 9], kernel 3, stride 2, ties",
+                 {in({2, 3, 9, 9}, Fill::kTies)},
+                 [](const std::vector<Tensor>& t) { return ops::maxpool2d(t[0], 3, 2); },
+                 kExact});
+  // pointwise
+  for (const auto& [f, name, tolerance] : std::vector<std::tuple<Activation, const char*, double>>{
+           {Activation::kRelu, "relu", kExact},
+           {Activation::kTanh, "tanh", kPointwise},
+           {Activation::kSigmoid, "sigmoid", kPointwise}})
+    for (const Shape& shape : std::vector<Shape>{{7}, {13, 257}, kLarge})
+      out.push_back({name,
+                     str(shape),
+                     {in(shape)},
+                     [f](const std::vector<Tensor>& t) { return ops::activation(t[0], f); },
+                     tolerance});
+  out.push_back({"reshape",
+                 "[7, 13, 3] -> [21, 13]",
+                 {in({7, 13, 3})},
+                 [](const std::vector<Tensor>& t) {
+                   return ops::reshape(t[0], {21, 13});
+                 },
+                 kExact});
+  out.push_back({"flatten",
+                 "[2, 3, 7, 13]",
+                 {in({2, 3, 7, 13})},
+                 [](const std::vector<Tensor>& t) { return ops::flatten(t[0]); },
+                 kExact});
+  for (const auto& [shape, p] :
+       std::vector<std::pair<Shape, float>>{{{13, 257}, 0.5f}, {kLarge, 0.2f}, {{1}, 0.9f}})
+    out.push_back({"dropout",
+                   str(shape) + ", p " + std::to_string(p).substr(0, 3),
+                   {in(shape)},
+                   [p](const std::vector<Tensor>& t) {
+                     Rng rng(1234);  // the same stream on every backend and pass
+                     return ops::dropout(t[0], p, rng);
+                   },
+                   kExact});
+  // losses and reductions
+  for (const auto& [batch, classes] : std::vector<std::pair<int64_t, int64_t>>{{1, 10}, {7, 13}, {128, 10}}) {
+    std::vector<int32_t> labels;
+    Rng rng(99);
+    for (int64_t b = 0; b < batch; ++b) labels.push_back(static_cast<int32_t>(rng.below(classes)));
+    out.push_back({"cross_entropy",
+                   "logits " + str({batch, classes}),
+                   {in({batch, classes})},
+                   [labels](const std::vector<Tensor>& t) { return ops::cross_entropy(t[0], labels); },
+                   kPointwise});
+  }
+  for (const Shape& shape : std::vector<Shape>{{1, 1}, {7, 13}})
+    out.push_back({"mse",
+                   str(shape),
+                   {in(shape), constant(shape, Fill::kPositive)},
+                   [](const std::vector<Tensor>& t) { return ops::mse(t[0], t[1]); },
+                   kPointwise});
+  for (const Shape& shape : std::vector<Shape>{{257}, kLarge})
+    out.push_back({"sum",
+                   str(shape),
+                   {in(shape)},
+                   [](const std::vector<Tensor>& t) { return ops::sum(t[0]); },
+                   kPointwise});
+  return out;
+}
+
+class Ops : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Ops, MatchTheReference) {
+  check(GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, Ops, ::testing::ValuesIn(cases()), [](const auto& info) {
+  std::string name = std::to_string(info.index) + "_" + info.param.op;
+  return name;
+});
+
+// ---- casts and the finiteness check: bitwise ----
+
+TEST(Casts, HalfConversionsMatchTheReferenceBitwise) {
+  // Rounding boundaries, overflow, Inf/NaN/-0, subnormals and ties, then random values.
+  std::vector<float> values = {0.0f,          -0.0f,          1.0f,           -1.0f,    65504.0f,
+                               65520.0f,      70000.0f,       -1e9f,          INFINITY, -INFINITY,
+                               NAN,           5.96e-8f,       2.98e-8f,       8.94e-8f, 6.1e-5f,
+                               1.0009765625f, 1.00048828125f, 1.00146484375f, 3.4e38f,  1e-40f};
+  Rng rng(5);
+  for (int i = 0; i < 3000; ++i)
+    values.push_back(std::ldexp(rng.uniform(-1.0f, 1.0f), static_cast<int>(rng.below(60)) - 40));
+  const int64_t n = static_cast<int64_t>(values.size());
+  for (const Device device : devices_under_test())
+    for (HalfFormat format : {HalfFormat::kFp16, HalfFormat::kBf16})
+      for (float scale : {1.0f, 0.5f}) {
+        const auto convert = [&](Device d) {
+          Backend& b = backend_for(d);
+          const Tensor x = Tensor::from_data({n}, values).to(d);
+          StoragePtr halves = make_storage(sizeof(uint16_t) * n, d);
+          b.to_half(x.data_ptr(), halves->as<uint16_t>(), n, scale, format);
+          const Tensor back = Tensor::empty({n}, d);
+          b.from_half(halves->as<uint16_t>(), back.data_ptr(), n, format);
+          std::vector<uint16_t> h(n);
+          b.copy_to_host(h.data(), halves->data(), h.size() * sizeof(uint16_t));
+          return std::make_pair(h, back.to_vector());
+        };
+        const auto [expected_halves, expected_back] = convert(Device::reference());
+        const auto [halves, back] = convert(device);
+        const std::string what = device.str() + (format == HalfFormat::kFp16 ? " fp16" : " bf16") +
+                                 " scale " + std::to_string(scale);
+        EXPECT_EQ(halves, expected_halves) << what;
+        EXPECT_TRUE(bitwise_equal(back, expected_back)) << what;
+        rows().push_back({format == HalfFormat::kFp16 ? "to/from fp16" : "to/from bf16",
+                          std::to_string(n) + " values, scale " + std::to_string(scale).substr(0, 3),
+                          device.str(),
+                          0,
+                          {},
+                          kExact,
+                          halves == expected_halves && bitwise_equal(back, expected_back)});
+      }
+}
+
+TEST(Casts, AllFiniteAgreesWithTheReference) {
+  for (const Device device : devices_under_test())
+    for (float poison : {0.0f, NAN, INFINITY, -INFINITY}) {
+      std::vector<float> values(100003, 0.25f);
+      values[77777] = poison;
+      const Tensor x = Tensor::from_data({static_cast<int64_t>(values.size())}, values);
+      const bool expected =
+          backend_for(Device::reference()).all_finite(x.to(Device::reference()).data_ptr(), x.numel());
+      EXPECT_EQ(backend_for(device).all_finite(x.to(device).data_ptr(), x.numel()), expected) << poison;
+      EXPECT_EQ(expected, poison == 0.0f);
+    }
+}
+
+// ---- optimizers: three steps over flat buffers, parameters and state compared ----
+
+struct OptimizerCase {
+  std::string name;
+  std::function<std::unique_ptr<optim::Optimizer>(const FlatParameters&)> make;
+};
+
+void check_optimizer(const OptimizerCase& c) {
+  const std::vector<Shape> shapes = {{13, 7}, {1}, {257}, {64, 33}};
+  struct Run {
+    std::vector<float> values;
+    std::vector<std::vector<float>> state;
+  };
+  const auto run = [&](Device device) {
+    std::vector<NamedTensor> params;
+    for (std::size_t k = 0; k < shapes.size(); ++k)
+      params.push_back(
+          {"p" + std::to_string(k), Tensor::from_data(shapes[k], host_values(in(shapes[k]), 40 + k))});
+    const FlatParameters flat(params, device);
+    const auto optimizer = c.make(flat);
+    for (int step = 1; step <= 3; ++step) {
+      const Tensor grads = Tensor::from_data({flat.size()}, host_values(in({flat.size()}), 60 + step));
+      flat.grads().copy_from(grads);
+      optimizer->step(0.01f * static_cast<float>(step));
+    }
+    Run r{flat.values().to_vector(), {}};
+    for (const Tensor& slot : optimizer->state_buffers()) r.state.push_back(slot.to_vector());
+    return r;
+  };
+  const Run reference = run(Device::reference());
+  for (const Device device : devices_under_test()) {
+    const Run got = run(device);
+    // The reference computes each update in double and rounds once; float rounds every operation.
+    constexpr double kTolerance = 1e-6;
+    Row row{c.name,       "3 steps, 4 tensors (" + std::to_string(reference.values.size()) + " floats)",
+            device.str(), error_of(got.values, reference.values),
+            {},           kTolerance,
+            true};
+    row.ok = within(got.values, reference.values, kTolerance);
+    EXPECT_TRUE(row.ok) << c.name << " on " << device.str() << ": parameters, error " << row.forward;
+    ASSERT_EQ(got.state.size(), reference.state.size());
+    for (std::size_t s = 0; s < got.state.size(); ++s) {
+      row.gradients.push_back(error_of(got.state[s], reference.state[s]));
+      const bool ok = within(got.state[s], reference.state[s], kTolerance);
+      row.ok = row.ok && ok;
+      EXPECT_TRUE(ok) << c.name << " on " << device.str() << ": state slot " << s << ", error "
+                      << row.gradients.back();
+    }
+    rows().push_back(row);
+  }
+}
+
+TEST(Optimizers, MatchTheReference) {
+  const std::vector<OptimizerCase> optimizers = {
+      {"sgd", [](const FlatParameters& p) { return std::make_unique<optim::Sgd>(p, optim::SgdOptions{}); }},
+      {"sgd momentum, dampening, wd",
+       [](const FlatParameters& p) {
+         return std::make_unique<optim::Sgd>(
+             p, optim::SgdOptions{.momentum = 0.9f, .dampening = 0.1f, .weight_decay = 1e-2f});
+       }},
+      {"sgd nesterov",
+       [](const FlatParameters& p) {
+         return std::make_unique<optim::Sgd>(p, optim::SgdOptions{.momentum = 0.9f, .nesterov = true});
+       }},
+      {"adam, L2",
+       [](const FlatParameters& p) {
+         return std::make_unique<optim::Adam>(p, optim::AdamOptions{.weight_decay = 1e-2f});
+       }},
+      {"adamw",
+       [](const FlatParameters& p) {
+         return std::make_unique<optim::Adam>(
+             p, optim::AdamOptions{.weight_decay = 1e-2f, .decoupled_weight_decay = true});
+       }},
+  };
+  for (const OptimizerCase& c : optimizers) check_optimizer(c);
+}
+
+TEST(Backends, AGpuIsTestedWhereOneIsRequired) {
+  const char* require = std::getenv("DPTRAIN_REQUIRE_GPU");
+  const bool gpu = devices_under_test().size() > 1;
+  if (require != nullptr && std::string(require) == "1") {
+    EXPECT_TRUE(gpu) << "DPTRAIN_REQUIRE_GPU=1 but no GPU backend is registered";
+  } else if (!gpu) {
+    GTEST_SKIP() << "no GPU backend registered: the table covers cpu against the reference only";
+  }
+}
+
+void print_table() {
+  std::printf("\n%-27s %-72s %-9s %9s  %-28s %6s %s\n", "op", "case", "backend", "forward",
+              "input gradients / state", "tol", "");
+  for (const Row& r : rows()) {
+    std::string grads;
+    for (double g : r.gradients) {
+      char text[16];
+      std::snprintf(text, sizeof text, "%s%.1e", grads.empty() ? "" : " ", g);
+      grads += text;
+    }
+    std::printf("%-27s %-72s %-9s %9.1e  %-28s %6.0e %s\n", r.op.c_str(), r.shapes.c_str(), r.backend.c_str(),
+                r.forward, grads.c_str(), r.tolerance, r.ok ? "ok" : "FAIL");
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+}  // namespace dptrain
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  const int result = RUN_ALL_TESTS();
+  if (!::testing::GTEST_FLAG(list_tests)) dptrain::print_table();
+  return result;
+}

@@ -1,0 +1,55 @@
+// The trainer's own steps, timed (bench/train_bench and scripts/scaling.sh): no evaluation, no
+// checkpoints, the same train_step as training.
+#include <algorithm>
+#include <chrono>
+
+#include "core/storage.h"
+#include "trainer/trainer.h"
+
+namespace dptrain::trainer {
+
+BenchmarkResult Trainer::benchmark(const BenchmarkOptions& options) {
+  model_->set_training(true);
+  int64_t epoch = 0, step = 0, steps = 0;
+  const auto next_step = [&](StepTotals& totals) {
+    if (step == steps) {
+      sampler_.set_epoch(epoch++);
+      steps = (sampler_.steps_per_epoch() + passes_per_step_ - 1) / passes_per_step_;
+      step = 0;
+    }
+    train_step(epoch, step++, totals);
+  };
+  StepTotals warmup, timed;
+  for (int64_t i = 0; i < options.warmup_steps; ++i) next_step(warmup);
+  BenchmarkResult result;
+  const std::size_t allocations_before = storage_stats().fresh_allocations;
+  double timed_seconds = 0;
+  for (int64_t r = 0; r < options.repetitions; ++r) {
+    comm_->barrier("barrier before the timed steps");
+    const auto start = std::chrono::steady_clock::now();
+    const int64_t samples_before = timed.samples;
+    for (int64_t i = 0; i < options.timed_steps; ++i) next_step(timed);
+    comm_->barrier("barrier after the timed steps");  // the slowest rank sets the time
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    timed_seconds += seconds;
+    double samples = static_cast<double>(timed.samples - samples_before);
+    comm_->allreduce(std::span<double>(&samples, 1), distributed::ReduceOp::kSum,
+                     "allreduce of benchmark samples");
+    result.samples_per_sec_by_repetition.push_back(samples / seconds);
+  }
+  result.tensor_allocations = static_cast<int64_t>(storage_stats().fresh_allocations - allocations_before);
+  result.parameters = layers::parameter_count(*model_);
+  for (const distributed::Bucket& b : reducer_->buckets())
+    result.bucket_bytes.push_back(b.numel * static_cast<int64_t>(sizeof(float)));
+  double backward[2] = {timed.backward, timed.forward + timed.backward};
+  comm_->allreduce(std::span<double>(backward), distributed::ReduceOp::kSum, "allreduce of backward time");
+  result.backward_fraction = backward[0] / std::max(backward[1], 1e-12);
+  result.step_times = mean_step_times(timed, timed_seconds);
+  std::vector<double> sorted = result.samples_per_sec_by_repetition;
+  std::sort(sorted.begin(), sorted.end());
+  result.samples_per_sec = sorted.empty() ? 0.0 : sorted[sorted.size() / 2];
+  if (!config_.distributed.timeline.empty()) write_timeline(*comm_, config_.distributed.timeline);
+  return result;
+}
+
+}  // namespace dptrain::trainer

@@ -1,0 +1,75 @@
+// Checkpoint policy, writing, clean-up and the search for a resume point.
+#include "trainer/checkpointing.h"
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <vector>
+
+#include "core/error.h"
+#include "core/timeline.h"
+
+namespace dptrain::trainer {
+
+Checkpoints::Checkpoints(const CheckpointConfig& config, int rank, InjectedFault fault)
+    : config_(config), rank_(rank), fault_(fault) {}
+
+bool Checkpoints::due_after_step(int64_t global_step) const {
+  return config_.every_steps > 0 && global_step % config_.every_steps == 0;
+}
+
+bool Checkpoints::due_at_epoch_end(int64_t epoch, int64_t global_step, bool stopped_early) const {
+  const bool by_epoch = config_.every_epochs > 0 && epoch % config_.every_epochs == 0 && !stopped_early;
+  return by_epoch || due_after_step(global_step);
+}
+
+std::string Checkpoints::save(const CheckpointData& data) {
+  last_written_step_ = data.position.global_step;
+  if (rank_ != 0) return "";
+  timeline::Span span("checkpoint", "checkpoint");
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<char> bytes = encode_checkpoint(data);
+  std::filesystem::create_directories(config_.dir);
+  const std::string path = config_.dir + "/" + checkpoint_file_name(data.position.global_step);
+  const bool die_midway = fault_.kills_checkpoint(rank_, data.position.global_step);
+  write_file_durably(path, bytes, [&] {
+    if (die_midway) std::raise(SIGKILL);
+  });
+  prune_checkpoints(config_.dir, config_.keep);
+  char line[512];
+  std::snprintf(line, sizeof line, "checkpoint: %s (%.2f MB, %.1f ms)", path.c_str(),
+                static_cast<double>(bytes.size()) / 1e6,
+                1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return line;
+}
+
+std::string Checkpoints::clear_earlier() const {
+  const std::vector<std::string> earlier = list_checkpoints(config_.dir);
+  if (earlier.empty()) return "";
+  for (const std::string& path : earlier) std::filesystem::remove(path);
+  return "dptrain: starting fresh: removed " + std::to_string(earlier.size()) +
+         " checkpoint(s) of an earlier run from " + config_.dir + " (--resume auto continues one instead)";
+}
+
+std::optional<Checkpoint> Checkpoints::find(const std::string& which,
+                                            const std::function<void(const Checkpoint&)>& accept) const {
+  if (which != "auto") {
+    Checkpoint c = read_checkpoint(which);
+    accept(c);
+    return c;
+  }
+  std::vector<std::string> rejected;
+  std::optional<Checkpoint> found =
+      newest_valid_checkpoint(config_.dir, accept, [&](const std::string& path, const std::string& reason) {
+        std::fprintf(stderr, "dptrain: skipping checkpoint: %s\n", reason.c_str());
+        rejected.push_back(path);
+      });
+  // Starting afresh would let the new run's checkpoints mix with these.
+  DPTRAIN_CHECK(found || rejected.empty(), "--resume auto: none of the ", rejected.size(),
+                " checkpoint(s) in ", config_.dir,
+                " can be used (reasons above); move them away or set checkpoint.dir to start afresh");
+  return found;
+}
+
+}  // namespace dptrain::trainer

@@ -1,0 +1,36 @@
+// DPTRAIN_INJECT_FAULT parsing and firing.
+#include "trainer/faults.h"
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "core/error.h"
+
+namespace dptrain::trainer {
+
+InjectedFault InjectedFault::from_environment() {
+  InjectedFault f;
+  const char* spec = std::getenv("DPTRAIN_INJECT_FAULT");
+  if (spec == nullptr || *spec == '\0') return f;
+  char kind[32] = "throw";
+  const int fields = std::sscanf(spec, "%d:%ld:%31s", &f.rank_, &f.step_, kind);
+  const std::string k = kind;
+  DPTRAIN_CHECK((fields == 2 || fields == 3) && (k == "throw" || k == "kill" || k == "kill_in_checkpoint"),
+                "DPTRAIN_INJECT_FAULT='", spec, "': expected RANK:STEP[:throw|kill|kill_in_checkpoint]");
+  f.kind_ = k == "kill" ? Kind::kKill : k == "kill_in_checkpoint" ? Kind::kKillInCheckpoint : Kind::kThrow;
+  return f;
+}
+
+void InjectedFault::before_step(int rank, int64_t steps_done) const {
+  if (steps_done != step_ || rank != rank_) return;
+  if (kind_ == Kind::kThrow) DPTRAIN_FAIL("fault injected by DPTRAIN_INJECT_FAULT at step ", steps_done);
+  if (kind_ == Kind::kKill) std::raise(SIGKILL);
+}
+
+bool InjectedFault::kills_checkpoint(int rank, int64_t step) const {
+  return kind_ == Kind::kKillInCheckpoint && step == step_ && rank == rank_;
+}
+
+}  // namespace dptrain::trainer

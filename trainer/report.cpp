@@ -1,0 +1,132 @@
+// Console output, metrics.jsonl and the timeline file.
+#include "trainer/report.h"
+
+#include <cstdio>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/timeline.h"
+
+namespace dptrain::trainer {
+
+void print_summary(const Config& config, const RunSummary& s) {
+  std::printf(
+      "dptrain: %d rank(s), %d thread(s) per rank%s; parameters identical on %d rank(s) (checksum %016llx)\n",
+      s.ranks, s.threads, s.device == "cpu" ? "" : (", device " + s.device).c_str(), s.ranks,
+      static_cast<unsigned long long>(s.parameters_checksum));
+  std::printf("model: %lld parameters\n%s", static_cast<long long>(s.parameters),
+              s.model_description.c_str());
+  std::printf("data: %s, %lld training and %lld test samples; batch %lld per rank (%lld global)",
+              config.data.dataset == DatasetKind::kLinear ? "linear (synthetic)" : config.data.dir.c_str(),
+              static_cast<long long>(s.train_samples), static_cast<long long>(s.test_samples),
+              static_cast<long long>(config.data.batch_size), static_cast<long long>(s.global_batch));
+  std::printf(", %lld steps per epoch\n", static_cast<long long>(s.steps_per_epoch));
+  if (s.ranks > 1) {
+    std::printf(
+        "gradients: %zu bucket(s), fusion threshold %g MiB, overlap %s, compression %s; lr %g scaled to %g\n",
+        s.buckets, config.distributed.fusion_threshold_mb, config.distributed.overlap ? "on" : "off",
+        distributed::to_string(config.distributed.compression).c_str(), config.optimizer.lr, s.scaled_lr);
+  }
+  const CheckpointConfig& k = config.checkpoint;
+  std::string every;
+  if (k.every_steps > 0) every = std::to_string(k.every_steps) + " step(s)";
+  if (k.every_epochs > 0)
+    every += (every.empty() ? "" : " and ") + std::to_string(k.every_epochs) + " epoch(s)";
+  std::printf("checkpoints: %s, %s%s, newest %s kept\n", k.dir.c_str(), every.empty() ? "" : "every ",
+              every.empty() ? "at the end only" : (every + " and at the end").c_str(),
+              k.keep > 0 ? std::to_string(k.keep).c_str() : "all");
+  if (s.already_complete)
+    std::printf("dptrain: training already complete at step %lld; nothing to do\n",
+                static_cast<long long>(s.global_step));
+  std::fflush(stdout);
+}
+
+void print_epoch(const Config& config, int ranks, const EpochMetrics& m) {
+  const std::string resumed =
+      m.first_sample > 0 ? " (resumed at sample " + std::to_string(m.first_sample) + ")" : std::string();
+  if (config.model.loss == LossKind::kMse) {
+    std::printf("epoch %lld: train loss %.6g | test loss %.6g | %.0f samples/s (%.0f per rank), %.2f s%s\n",
+                static_cast<long long>(m.epoch), m.train_loss, m.test_loss, m.samples_per_sec,
+                m.samples_per_sec_per_rank, m.epoch_seconds, resumed.c_str());
+  } else {
+    std::printf(
+        "epoch %lld: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%% | %.0f samples/s (%.0f per "
+        "rank), %.1f "
+        "s%s\n",
+        static_cast<long long>(m.epoch), m.train_loss, 100 * m.train_accuracy, m.test_loss,
+        100 * m.test_accuracy, m.samples_per_sec, m.samples_per_sec_per_rank, m.epoch_seconds,
+        resumed.c_str());
+  }
+  const StepTimes& t = m.step_times;
+  std::printf(
+      "  per step %.2f ms: data %.2f | compute %.2f | communication not overlapped %.2f | optimizer %.2f | "
+      "other "
+      "%.2f (mean of %d rank(s))\n",
+      1e3 * t.total, 1e3 * t.data, 1e3 * t.compute, 1e3 * t.communication, 1e3 * t.optimizer,
+      1e3 * (t.total - t.data - t.compute - t.communication - t.optimizer), ranks);
+  std::fflush(stdout);
+}
+
+void print_evaluation(const Config& config, int ranks, const std::string& checkpoint, const Evaluation& e) {
+  if (config.model.loss == LossKind::kMse) {
+    std::printf("evaluation of %s: test loss %.6g (%lld samples, %d rank(s))\n", checkpoint.c_str(), e.loss,
+                static_cast<long long>(e.samples), ranks);
+  } else {
+    std::printf("evaluation of %s: test loss %.4f, accuracy %.2f%% (%lld of %lld correct, %d rank(s))\n",
+                checkpoint.c_str(), e.loss, 100 * e.accuracy, static_cast<long long>(e.correct),
+                static_cast<long long>(e.samples), ranks);
+  }
+  std::fflush(stdout);
+}
+
+MetricsLog::MetricsLog(const Config& config, bool writer, bool append) {
+  if (!writer) return;
+  std::filesystem::create_directories(config.output_dir);
+  const std::string path = config.output_dir + "/metrics.jsonl";
+  out_.open(path, append ? std::ios::app : std::ios::trunc);
+  DPTRAIN_CHECK(out_, path, ": cannot open for writing (check output_dir)");
+}
+
+void MetricsLog::write(const EpochMetrics& m, int ranks) {
+  if (!out_.is_open()) return;
+  Json line = {{"epoch", m.epoch},
+               {"step", m.step},
+               {"train_loss", m.train_loss},
+               {"train_accuracy", m.train_accuracy},
+               {"test_loss", m.test_loss},
+               {"test_accuracy", m.test_accuracy},
+               {"samples_per_sec", m.samples_per_sec},
+               {"samples_per_sec_per_rank", m.samples_per_sec_per_rank},
+               {"epoch_seconds", m.epoch_seconds},
+               {"lr", m.lr},
+               {"world_size", ranks}};
+  if (m.stopped_early) line["stopped_early"] = "max_steps";
+  if (m.first_sample > 0) line["resumed_at_sample"] = m.first_sample;
+  const StepTimes& t = m.step_times;
+  line["step_ms"] = {{"data", 1e3 * t.data},
+                     {"compute", 1e3 * t.compute},
+                     {"communication", 1e3 * t.communication},
+                     {"optimizer", 1e3 * t.optimizer},
+                     {"total", 1e3 * t.total}};
+  out_ << line.dump() << '\n';
+  out_.flush();
+}
+
+void write_timeline(distributed::Communicator& comm, const std::string& path_text) {
+  const std::vector<std::string> tracks =
+      comm.gather_to_root(timeline::take_events_json(comm.rank()), "gather of timeline events");
+  if (comm.rank() != 0) return;
+  const std::filesystem::path path(path_text);
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+  std::ofstream out(path, std::ios::trunc);
+  DPTRAIN_CHECK(out, path.string(), ": cannot open for writing (config key distributed.timeline)");
+  out << R"({"displayTimeUnit":"ms","traceEvents":[)";
+  for (std::size_t r = 0; r < tracks.size(); ++r) out << (r ? "," : "") << tracks[r];
+  out << "]}\n";
+  DPTRAIN_CHECK(out.good(), path.string(), ": write failed (disk full?)");
+  std::printf("timeline: %s (%.1f MB; open it in https://ui.perfetto.dev or chrome://tracing)\n",
+              path.c_str(), static_cast<double>(out.tellp()) / 1e6);
+  std::fflush(stdout);
+}
+
+}  // namespace dptrain::trainer

@@ -1,0 +1,49 @@
+// What a run tells its user: rank 0's start-up summary, each epoch's line and step breakdown, the
+// evaluation of a checkpoint, the metrics JSONL file, and the Chrome-trace timeline of every rank.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include "distributed/communicator.h"
+#include "trainer/config.h"
+#include "trainer/train.h"
+
+namespace dptrain::trainer {
+
+// Facts about a run gathered at start-up, for its summary.
+struct RunSummary {
+  int ranks = 1, threads = 1;
+  std::string device;
+  uint64_t parameters_checksum = 0;
+  int64_t parameters = 0;
+  std::string model_description;
+  int64_t train_samples = 0, test_samples = 0;
+  int64_t global_batch = 0, steps_per_epoch = 0;
+  std::size_t buckets = 0;
+  double scaled_lr = 0;
+  bool already_complete = false;
+  int64_t global_step = 0;
+};
+
+void print_summary(const Config& config, const RunSummary& summary);
+void print_epoch(const Config& config, int ranks, const EpochMetrics& m);
+void print_evaluation(const Config& config, int ranks, const std::string& checkpoint, const Evaluation& e);
+
+// metrics.jsonl in output_dir: one line per (partial) epoch; rank 0 writes, other ranks hold none.
+class MetricsLog {
+ public:
+  // `append`: a resumed run continues the file of the run it resumes.
+  MetricsLog(const Config& config, bool writer, bool append);
+  void write(const EpochMetrics& m, int ranks);
+
+ private:
+  std::ofstream out_;
+};
+
+// Rank 0 gathers every rank's timeline events and writes one Chrome-trace file at `path`, a process
+// track per rank. Every rank calls it.
+void write_timeline(distributed::Communicator& comm, const std::string& path);
+
+}  // namespace dptrain::trainer

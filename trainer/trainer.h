@@ -1,0 +1,88 @@
+// Trainer: one training run on this process's rank, from building the model to the final weights.
+// Internal to trainer/ (train.h is the interface): train.cpp holds the loop and the step,
+// benchmark.cpp the timed steps of bench/train_bench.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/parameters.h"
+#include "data/dataset.h"
+#include "data/sampler.h"
+#include "distributed/communicator.h"
+#include "distributed/reducer.h"
+#include "layers/module.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+#include "trainer/checkpointing.h"
+#include "trainer/config.h"
+#include "trainer/progress.h"
+#include "trainer/report.h"
+#include "trainer/train.h"
+
+namespace dptrain::trainer {
+
+class Trainer {
+ public:
+  Trainer(const Config& config, const distributed::World& world);
+  ~Trainer();
+
+  // Rank 0 alone reads files (the checkpoint to resume, model.init_from), so no shared filesystem
+  // is needed; then every rank takes rank 0's parameters, optimizer state and position.
+  void start(const RunOptions& options);
+  std::vector<EpochMetrics> run();
+  Evaluation evaluate_checkpoint(const std::string& path);
+  BenchmarkResult benchmark(const BenchmarkOptions& options);
+
+ private:
+  // Running sums over the steps of an epoch (or of a benchmark), this rank only.
+  struct StepTotals {
+    double loss_sum = 0;
+    int64_t correct = 0, samples = 0, steps = 0;
+    double data = 0, forward = 0, backward = 0, communication = 0, optimizer = 0;  // seconds
+  };
+  // A batch as tensors on the run's device (host copies on the CPU are the tensors themselves).
+  struct Batch {
+    Tensor inputs;
+    std::vector<int32_t> labels;
+    Tensor targets;  // regression only
+  };
+
+  EpochMetrics train_epoch(int64_t epoch);
+  void train_step(int64_t epoch, int64_t step, StepTotals& totals);
+  Evaluation evaluate();
+  void load_batch(const data::Dataset& ds, std::span<const int64_t> indices);
+
+  void resume(const std::string& which);
+  void init_from(const std::string& path);
+  void save_checkpoint();
+  bool step_limit_reached() const;
+  StepTimes mean_step_times(const StepTotals& totals, double wall_seconds);
+  uint64_t dropout_stream(int64_t pass) const;
+  RunSummary summary() const;
+
+  const Config& config_;
+  const distributed::World& world_;
+  Device device_ = Device::cpu();
+  std::unique_ptr<distributed::Communicator> comm_;
+  data::Dataset train_set_, test_set_;
+  data::ShardedSampler sampler_;
+  int64_t passes_per_step_;
+  std::unique_ptr<layers::Sequential> model_;
+  std::unique_ptr<FlatParameters> parameters_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<optim::LrSchedule> schedule_;
+  std::unique_ptr<distributed::GradientReducer> reducer_;
+  Progress progress_;
+  InjectedFault fault_;
+  Checkpoints checkpoints_;
+  Batch batch_;
+  TrainingPosition position_;
+  bool resumed_ = false;
+  double lr_ = 0;
+  uint64_t checksum_ = 0;
+};
+
+}  // namespace dptrain::trainer
