@@ -5,15 +5,18 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/host_device.h"
+
 #if defined(__F16C__)
 #include <immintrin.h>
 #endif
 
 namespace dptrain {
 
-// Portable conversions (bit manipulation); the F16C instructions are used instead where present, and
-// a test checks that both agree on every half value and on rounding boundaries.
-inline uint16_t float_to_half_portable(float value) {
+// Portable conversions (bit manipulation), shared with the CUDA kernels; the F16C instructions are
+// used on the CPU instead where present, and a test checks that both agree on every half value and
+// on rounding boundaries.
+DPTRAIN_HOST_DEVICE inline uint16_t float_to_half_portable(float value) {
   uint32_t x;
   std::memcpy(&x, &value, 4);
   const uint32_t sign = (x >> 16) & 0x8000u;
@@ -33,7 +36,7 @@ inline uint16_t float_to_half_portable(float value) {
   return static_cast<uint16_t>(sign | (abs >> 13));
 }
 
-inline float half_to_float_portable(uint16_t h) {
+DPTRAIN_HOST_DEVICE inline float half_to_float_portable(uint16_t h) {
   const uint32_t sign = (h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ffu, bits;
   if (exp == 0x1f) {
@@ -73,7 +76,7 @@ inline float half_to_float(uint16_t h) {
 #endif
 }
 
-inline uint16_t float_to_bfloat16(float value) {
+DPTRAIN_HOST_DEVICE inline uint16_t float_to_bfloat16(float value) {
   uint32_t x;
   std::memcpy(&x, &value, 4);
   if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // keep NaN a NaN
@@ -81,7 +84,7 @@ inline uint16_t float_to_bfloat16(float value) {
   return static_cast<uint16_t>(x >> 16);
 }
 
-inline float bfloat16_to_float(uint16_t b) {
+DPTRAIN_HOST_DEVICE inline float bfloat16_to_float(uint16_t b) {
   const uint32_t x = static_cast<uint32_t>(b) << 16;
   float out;
   std::memcpy(&out, &x, 4);

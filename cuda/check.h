@@ -1,9 +1,13 @@
-// Return-code checks for the CUDA runtime, NCCL (and, when they are used, cuBLAS and cuDNN): a
-// failed call throws dptrain::Error naming the call, its error string and file:line; main() adds
-// the rank.
+// Return-code checks for the CUDA runtime, cuBLAS, cuDNN and NCCL: a failed call throws
+// dptrain::Error naming the call, its error string and file:line; main() adds the rank. A failed
+// runtime call also clears the runtime's last error, so that the next launch check does not blame
+// the wrong call. Internal to cuda/ (it brings the CUDA headers).
 #pragma once
 
+#include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <cudnn.h>
 #include <nccl.h>
 
 #include <string>
@@ -12,16 +16,30 @@
 
 namespace dptrain::cuda::detail {
 [[noreturn]] void fail_call(const char* call, const std::string& error, const char* file, int line);
-}
+[[noreturn]] void fail_cuda(cudaError_t status, const char* call, const char* file, int line);
+const char* cublas_status_name(cublasStatus_t status);
+}  // namespace dptrain::cuda::detail
 
-#define DPTRAIN_CUDA_CHECK(call)                                                                       \
-  do {                                                                                                 \
-    const cudaError_t dptrain_status_ = (call);                                                        \
-    if (dptrain_status_ != cudaSuccess) [[unlikely]]                                                   \
-      ::dptrain::cuda::detail::fail_call(                                                              \
-          #call,                                                                                       \
-          std::string(cudaGetErrorName(dptrain_status_)) + ": " + cudaGetErrorString(dptrain_status_), \
-          __FILE__, __LINE__);                                                                         \
+#define DPTRAIN_CUDA_CHECK(call)                                                      \
+  do {                                                                                \
+    const cudaError_t dptrain_status_ = (call);                                       \
+    if (dptrain_status_ != cudaSuccess) [[unlikely]]                                  \
+      ::dptrain::cuda::detail::fail_cuda(dptrain_status_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+#define DPTRAIN_CUBLAS_CHECK(call)                                                                  \
+  do {                                                                                              \
+    const cublasStatus_t dptrain_status_ = (call);                                                  \
+    if (dptrain_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]]                                      \
+      ::dptrain::cuda::detail::fail_call(                                                           \
+          #call, ::dptrain::cuda::detail::cublas_status_name(dptrain_status_), __FILE__, __LINE__); \
+  } while (0)
+
+#define DPTRAIN_CUDNN_CHECK(call)                                                                          \
+  do {                                                                                                     \
+    const cudnnStatus_t dptrain_status_ = (call);                                                          \
+    if (dptrain_status_ != CUDNN_STATUS_SUCCESS) [[unlikely]]                                              \
+      ::dptrain::cuda::detail::fail_call(#call, cudnnGetErrorString(dptrain_status_), __FILE__, __LINE__); \
   } while (0)
 
 #define DPTRAIN_NCCL_CHECK(call)                                                                          \

@@ -1,16 +1,60 @@
-// CUDA kernels for the data-parallel step on a device: the fused SGD and Adam updates (one launch
-// over all parameters, which live in one flat buffer), and fp32 <-> fp16/bf16 casts for compressed
-// gradient reduction. Numerics follow core/update_rules.h and core/half.h (round to nearest even).
+// The CUDA backend's own kernels: everything the backend table needs that is not a cuBLAS GEMM or a
+// cuDNN convolution. Each launches on `stream` and returns without waiting; shapes follow the
+// Backend interface (core/backend.h), and numerics follow the CPU backend where they can be equal
+// (pooling winners and their gradient order, dropout masks, casts, update rules: bitwise) and the
+// reference within rounding elsewhere (float math in another order). Internal to cuda/.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "core/half.h"
-#include "core/update_rules.h"
+#include "core/backend.h"
 
 namespace dptrain::cuda {
+
+void fill(float* y, int64_t n, float value, cudaStream_t stream);
+void add(const float* x, float* y, int64_t n, cudaStream_t stream);                    // y += x
+void add_scalar(float* y, int64_t n, float value, cudaStream_t stream);                // y += value
+void add_device_scalar(const float* value, float* y, int64_t n, cudaStream_t stream);  // y += value[0]
+
+// y = x + bias[channel] (bias may be null: x), optionally then max(0, .); in place allowed (y == x).
+void add_bias(const float* x, const float* bias, float* y, BiasShape s, bool relu, cudaStream_t stream);
+// gbias[c] += sum of gy over outer and inner (a block per channel, a fixed order: deterministic).
+void bias_gradient(const float* gy, float* gbias, BiasShape s, cudaStream_t stream);
+// masked = y > 0 ? gy : 0 (a fused ReLU's backward).
+void relu_mask(const float* gy, const float* y, float* masked, int64_t n, cudaStream_t stream);
+
+void maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& g, cudaStream_t stream);
+// Gathers, per input element, the gradients of the outputs it won, in output order: the CPU's
+// sequence of additions, so the result is bitwise the CPU's even where windows overlap.
+void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx, const Pool2dGeometry& g,
+                        cudaStream_t stream);
+
+void activation(Activation f, const float* x, float* y, int64_t n, cudaStream_t stream);
+void activation_backward(Activation f, const float* x, const float* y, const float* gy, float* gx, int64_t n,
+                         cudaStream_t stream);
+void dropout(const float* x, float* y, float* mask, int64_t n, float p, uint64_t rng_state,
+             cudaStream_t stream);
+void dropout_backward(const float* gy, const float* mask, float* gx, int64_t n, cudaStream_t stream);
+
+// probs = softmax(logits) by rows, row_loss[b] = -log probs[b, label[b]]; labels on the device.
+void softmax_cross_entropy(const float* logits, const int32_t* labels, float* probs, float* row_loss,
+                           int64_t batch, int64_t classes, cudaStream_t stream);
+void cross_entropy_backward(const float* probs, const int32_t* labels, const float* gloss, float* glogits,
+                            int64_t batch, int64_t classes, cudaStream_t stream);
+void mse_backward(const float* prediction, const float* target, const float* gloss, float* gprediction,
+                  int64_t n, cudaStream_t stream);
+
+// Deterministic sums in double (block partials, then one block over the partials, fixed orders):
+// out[0] = float(scale * sum_i term(i)) with term x[i], or (x[i] - t[i])^2 when t is given.
+// `partials` holds kReductionBlocks doubles on the device.
+inline constexpr int kReductionBlocks = 512;
+void reduce_sum(const float* x, const float* t, int64_t n, double scale, double* partials, float* out,
+                cudaStream_t stream);
+
+// *flag = 1 if any element is Inf or NaN (flag untouched otherwise).
+void flag_non_finite(const float* x, int64_t n, int32_t* flag, cudaStream_t stream);
 
 // One fused update over flat device buffers of `n` floats (parameters, gradients, optimizer state
 // at the same offsets), with the formulas of core/update_rules.h that the CPU backend uses too.

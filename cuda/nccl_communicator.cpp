@@ -1,11 +1,133 @@
-// NCCL communicator set-up over MPI and its collectives.
+// NCCL set-up over the host communicator, the collectives on their own stream, and the watchdog.
 #include "cuda/nccl_communicator.h"
 
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
 #include "core/error.h"
-#include "cuda/check.h"
-#include "cuda/kernels.h"
 
 namespace dptrain::cuda {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using distributed::DataType;
+
+ncclDataType_t nccl_type(DataType type) {
+  switch (type) {
+    case DataType::kF32:
+      return ncclFloat32;
+    case DataType::kF64:
+      return ncclFloat64;
+    case DataType::kI32:
+      return ncclInt32;
+    case DataType::kI64:
+      return ncclInt64;
+    case DataType::kU64:
+      return ncclUint64;
+    case DataType::kU8:
+      return ncclUint8;
+    case DataType::kF16:
+      return ncclFloat16;
+    case DataType::kBf16:
+      return ncclBfloat16;
+    case DataType::kU16:
+      break;
+  }
+  DPTRAIN_FAIL("NCCL has no plain 16-bit integer type; reduce uint16 data over the host communicator");
+}
+
+// A collective in flight: its completion event on the NCCL stream.
+struct NcclWork final : distributed::PendingWork {
+  cudaEvent_t done = nullptr;
+  ~NcclWork() override {
+    if (done) cudaEventDestroy(done);  // released once complete, even if still pending now
+  }
+};
+
+}  // namespace
+
+// Watches the collectives in flight and NCCL's asynchronous error state from a thread of its own.
+struct NcclWatchdog {
+  struct Entry {
+    std::shared_ptr<NcclWork> work;
+    std::string what;
+    Clock::time_point since;
+    bool warned = false;
+  };
+  distributed::StallPolicy policy;
+  int rank, device;
+  ncclComm_t comm;
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::deque<Entry> in_flight;
+  bool stop = false;
+  std::thread thread;
+
+  NcclWatchdog(distributed::StallPolicy p, int r, int d, ncclComm_t c)
+      : policy(p), rank(r), device(d), comm(c) {
+    thread = std::thread([this] { loop(); });
+  }
+  ~NcclWatchdog() {
+    {
+      std::lock_guard lock(mutex);
+      stop = true;
+    }
+    wake.notify_all();
+    thread.join();
+  }
+
+  void add(std::shared_ptr<NcclWork> work, const std::string& what) {
+    std::lock_guard lock(mutex);
+    in_flight.push_back({std::move(work), what, Clock::now(), false});
+  }
+
+  [[noreturn]] void abort(const std::string& message) {
+    std::fprintf(stderr, "dptrain: error on rank %d: %s\n", rank, message.c_str());
+    std::fflush(stderr);
+    // Unblocks this rank's kernels stuck in the collective; the process then ends without
+    // MPI_Finalize, which makes mpirun stop the whole job.
+    ncclCommAbort(comm);
+    std::_Exit(1);
+  }
+
+  void loop() {
+    cudaSetDevice(device);
+    std::unique_lock lock(mutex);
+    while (!stop) {
+      wake.wait_for(lock, std::chrono::milliseconds(100));
+      ncclResult_t async = ncclSuccess;
+      if (ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess &&
+          async != ncclInProgress)
+        abort(std::string("NCCL reported an asynchronous error: ") + ncclGetErrorString(async));
+      while (!in_flight.empty() && cudaEventQuery(in_flight.front().work->done) != cudaErrorNotReady)
+        in_flight.pop_front();
+      if (in_flight.empty()) continue;
+      Entry& oldest = in_flight.front();
+      const double waited = std::chrono::duration<double>(Clock::now() - oldest.since).count();
+      if (policy.warning_s > 0 && !oldest.warned && waited > policy.warning_s) {
+        std::fprintf(stderr, "dptrain: rank %d has waited %.0f s in %s; a peer may be stalled or dead\n",
+                     rank, waited, oldest.what.c_str());
+        std::fflush(stderr);
+        oldest.warned = true;
+      }
+      if (policy.abort_s > 0 && waited > policy.abort_s) {
+        char message[512];
+        std::snprintf(
+            message, sizeof message,
+            "stalled %.0f s in %s (distributed.stall_abort_s = %g); check the other ranks' output for the "
+            "first error",
+            waited, oldest.what.c_str(), policy.abort_s);
+        abort(message);
+      }
+    }
+  }
+};
 
 ncclUniqueId NcclCommunicator::new_unique_id() {
   ncclUniqueId id;
@@ -13,36 +135,107 @@ ncclUniqueId NcclCommunicator::new_unique_id() {
   return id;
 }
 
-NcclCommunicator::NcclCommunicator(const ncclUniqueId& id, int rank, int size) : rank_(rank), size_(size) {
+NcclCommunicator::NcclCommunicator(distributed::Communicator& host, CudaBackend& backend,
+                                   distributed::StallPolicy stall)
+    : backend_(backend), host_(&host), rank_(host.rank()), size_(host.size()) {
+  ncclUniqueId id{};
+  if (rank_ == 0) id = new_unique_id();
+  host.broadcast(std::span<uint8_t>(reinterpret_cast<uint8_t*>(&id), sizeof id), 0,
+                 "broadcast of the NCCL unique id");
+  init(id, stall);
+}
+
+NcclCommunicator::NcclCommunicator(const ncclUniqueId& id, int rank, int size, CudaBackend& backend,
+                                   distributed::Communicator* host, distributed::StallPolicy stall)
+    : backend_(backend), host_(host), rank_(rank), size_(size) {
+  init(id, stall);
+}
+
+void NcclCommunicator::init(const ncclUniqueId& id, distributed::StallPolicy stall) {
+  DPTRAIN_CUDA_CHECK(cudaSetDevice(backend_.device().index));
+  DPTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  DPTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming));
   DPTRAIN_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+  watchdog_ = std::make_shared<NcclWatchdog>(stall, rank_, backend_.device().index, comm_);
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  if (comm_ != nullptr) ncclCommDestroy(comm_);
+  watchdog_.reset();
+  if (stream_) cudaStreamSynchronize(stream_);
+  if (comm_) ncclCommDestroy(comm_);
+  if (compute_ready_) cudaEventDestroy(compute_ready_);
+  if (stream_) cudaStreamDestroy(stream_);
 }
 
-void NcclCommunicator::allreduce_sum(DeviceSpan<float> buffer, cudaStream_t stream) {
-  if (buffer.size == 0) return;
-  DPTRAIN_NCCL_CHECK(
-      ncclAllReduce(buffer.data, buffer.data, buffer.size, ncclFloat32, ncclSum, comm_, stream));
+void NcclCommunicator::check_async_error() const {
+  ncclResult_t async = ncclSuccess;
+  DPTRAIN_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+  DPTRAIN_CHECK(async == ncclSuccess || async == ncclInProgress, "NCCL asynchronous error on rank ", rank_,
+                ": ", ncclGetErrorString(async));
 }
 
-void NcclCommunicator::broadcast(DeviceSpan<float> buffer, int root, cudaStream_t stream) {
-  if (buffer.size == 0) return;
-  DPTRAIN_NCCL_CHECK(ncclBroadcast(buffer.data, buffer.data, buffer.size, ncclFloat32, root, comm_, stream));
+template <typename Enqueue>
+distributed::Pending NcclCommunicator::launch(const std::string& what, Enqueue enqueue) {
+  check_async_error();
+  DPTRAIN_CUDA_CHECK(cudaEventRecord(compute_ready_, backend_.compute_stream()));
+  DPTRAIN_CUDA_CHECK(cudaStreamWaitEvent(stream_, compute_ready_, 0));
+  enqueue();
+  auto work = std::make_shared<NcclWork>();
+  DPTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&work->done, cudaEventDisableTiming));
+  DPTRAIN_CUDA_CHECK(cudaEventRecord(work->done, stream_));
+  watchdog_->add(work, what);
+  return distributed::Pending(std::move(work));
 }
 
-void NcclCommunicator::allreduce_sum_compressed(DeviceSpan<float> gradients, DeviceSpan<uint16_t> staging,
-                                                float prescale, HalfFormat format, cudaStream_t stream) {
-  DPTRAIN_CHECK(staging.size >= gradients.size, "compressed allreduce: staging holds ", staging.size,
-                " halves for ", gradients.size, " gradients");
-  if (gradients.size == 0) return;
-  const auto n = static_cast<int64_t>(gradients.size);
-  floats_to_halves(gradients.data, staging.data, n, prescale, format, stream);
-  DPTRAIN_NCCL_CHECK(ncclAllReduce(staging.data, staging.data, gradients.size,
-                                   format == HalfFormat::kFp16 ? ncclFloat16 : ncclBfloat16, ncclSum, comm_,
-                                   stream));
-  halves_to_floats(staging.data, gradients.data, n, format, stream);
+distributed::Pending NcclCommunicator::start_allreduce_elements(void* data, std::size_t count, DataType type,
+                                                                distributed::ReduceOp op, std::string what,
+                                                                std::string) {
+  if (count == 0) return {};
+  const ncclRedOp_t reduce = op == distributed::ReduceOp::kAverage ? ncclAvg : ncclSum;
+  return launch(what, [&] {
+    DPTRAIN_NCCL_CHECK(ncclAllReduce(data, data, count, nccl_type(type), reduce, comm_, stream_));
+  });
+}
+
+void NcclCommunicator::wait(distributed::Pending& pending) {
+  if (!pending.active()) return;
+  const std::shared_ptr<NcclWork> work = std::static_pointer_cast<NcclWork>(pending.take());
+  // The compute stream waits, not the host: what follows on the GPU sees the result.
+  DPTRAIN_CUDA_CHECK(cudaStreamWaitEvent(backend_.compute_stream(), work->done, 0));
+  check_async_error();
+}
+
+void NcclCommunicator::allreduce_elements(void* data, std::size_t count, DataType type,
+                                          distributed::ReduceOp op, const std::string& what) {
+  distributed::Pending p = start_allreduce_elements(data, count, type, op, what, {});
+  wait(p);
+}
+
+void NcclCommunicator::broadcast_elements(void* data, std::size_t count, DataType type, int root,
+                                          const std::string& what) {
+  if (count == 0) return;
+  distributed::Pending p = launch(what, [&] {
+    DPTRAIN_NCCL_CHECK(ncclBroadcast(data, data, count, nccl_type(type), root, comm_, stream_));
+  });
+  wait(p);
+}
+
+void NcclCommunicator::allgather_elements(const void* send, void* recv, std::size_t count, DataType type,
+                                          const std::string& what) {
+  distributed::Pending p = launch(
+      what, [&] { DPTRAIN_NCCL_CHECK(ncclAllGather(send, recv, count, nccl_type(type), comm_, stream_)); });
+  wait(p);
+}
+
+void NcclCommunicator::barrier(const std::string& what) {
+  if (host_) return host_->barrier(what);
+  DPTRAIN_CHECK(size_ == 1, "NcclCommunicator::barrier needs a host communicator (", what, ")");
+}
+
+std::vector<std::string> NcclCommunicator::gather_to_root(const std::string& mine, const std::string& what) {
+  if (host_) return host_->gather_to_root(mine, what);
+  DPTRAIN_CHECK(size_ == 1, "NcclCommunicator::gather_to_root needs a host communicator (", what, ")");
+  return {mine};
 }
 
 }  // namespace dptrain::cuda

@@ -36,6 +36,25 @@ inline DataType half_type(HalfFormat format) {
   return format == HalfFormat::kFp16 ? DataType::kF16 : DataType::kBf16;
 }
 
+constexpr std::size_t element_size(DataType type) {
+  switch (type) {
+    case DataType::kF64:
+    case DataType::kI64:
+    case DataType::kU64:
+      return 8;
+    case DataType::kF32:
+    case DataType::kI32:
+      return 4;
+    case DataType::kU16:
+    case DataType::kF16:
+    case DataType::kBf16:
+      return 2;
+    case DataType::kU8:
+      return 1;
+  }
+  return 0;
+}
+
 struct StallPolicy {
   double warning_s = 60;  // 0: never warn
   double abort_s = 0;     // 0: never abort
@@ -105,8 +124,8 @@ class Communicator {
   // Every rank's string on rank 0 (in rank order); other ranks get an empty list.
   virtual std::vector<std::string> gather_to_root(const std::string& mine, const std::string& what) = 0;
 
- protected:
-  // The untyped collectives behind the typed helpers: `count` elements of `type`.
+  // The untyped collectives behind the typed helpers, `count` elements of `type`: what an
+  // implementation provides (and what a communicator that wraps another calls). Use the typed forms.
   virtual Pending start_allreduce_elements(void* data, std::size_t count, DataType type, ReduceOp op,
                                            std::string what, std::string timeline_name) = 0;
   virtual void allreduce_elements(void* data, std::size_t count, DataType type, ReduceOp op,

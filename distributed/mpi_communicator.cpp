@@ -310,11 +310,7 @@ void MpiCommunicator::broadcast_elements(void* data, std::size_t count, DataType
 void MpiCommunicator::allgather_elements(const void* send, void* recv, std::size_t count, DataType type,
                                          const std::string& what) {
   if (size_ == 1) {
-    const int element = type == DataType::kF32 || type == DataType::kI32                              ? 4
-                        : type == DataType::kU16 || type == DataType::kF16 || type == DataType::kBf16 ? 2
-                        : type == DataType::kU8                                                       ? 1
-                                                                                                      : 8;
-    std::memcpy(recv, send, count * static_cast<std::size_t>(element));
+    std::memcpy(recv, send, count * element_size(type));
     return;
   }
   drain();

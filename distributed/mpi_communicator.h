@@ -34,8 +34,6 @@ class MpiCommunicator final : public Communicator {
   void wait(Pending& pending) override;
   void barrier(const std::string& what) override;
   std::vector<std::string> gather_to_root(const std::string& mine, const std::string& what) override;
-
- protected:
   Pending start_allreduce_elements(void* data, std::size_t count, DataType type, ReduceOp op,
                                    std::string what, std::string timeline_name) override;
   void allreduce_elements(void* data, std::size_t count, DataType type, ReduceOp op,

@@ -5,21 +5,22 @@
 
 namespace dptrain::distributed {
 
-void broadcast_state(Communicator& comm, const std::vector<Tensor>& buffers, std::span<int64_t> scalars) {
-  if (comm.size() == 1) return;
+void broadcast_state(Communicator& host, Communicator& device, const std::vector<Tensor>& buffers,
+                     std::span<int64_t> scalars) {
+  if (host.size() == 1) return;
   // Agree on the layout before moving data: a rank with another model would otherwise corrupt memory.
   int64_t total = 0;
   for (const Tensor& t : buffers) total += t.numel();
   int64_t layout[2] = {total, static_cast<int64_t>(buffers.size())};
   int64_t root_layout[2] = {layout[0], layout[1]};
-  comm.broadcast(std::span<int64_t>(root_layout), 0, "broadcast of the state layout");
-  DPTRAIN_CHECK(root_layout[0] == layout[0] && root_layout[1] == layout[1], "rank ", comm.rank(), " has ",
+  host.broadcast(std::span<int64_t>(root_layout), 0, "broadcast of the state layout");
+  DPTRAIN_CHECK(root_layout[0] == layout[0] && root_layout[1] == layout[1], "rank ", host.rank(), " has ",
                 layout[1], " state buffers with ", layout[0], " elements but rank 0 has ", root_layout[1],
                 " with ", root_layout[0], "; all ranks must run the same config");
   for (const Tensor& t : buffers)
-    comm.broadcast(std::span<float>(t.data_ptr(), static_cast<std::size_t>(t.numel())), 0,
-                   "broadcast of parameters and optimizer state");
-  comm.broadcast(scalars, 0, "broadcast of optimizer counters");
+    device.broadcast(std::span<float>(t.data_ptr(), static_cast<std::size_t>(t.numel())), 0,
+                     "broadcast of parameters and optimizer state");
+  host.broadcast(scalars, 0, "broadcast of optimizer counters");
 }
 
 uint64_t verify_identical(Communicator& comm, const std::vector<NamedTensor>& parameters) {

@@ -14,7 +14,14 @@ namespace dptrain::distributed {
 // Overwrites every buffer's elements and every scalar with rank 0's, in the given order (the same
 // on all ranks): the flat parameter buffer and the optimizer's flat state buffers. A rank whose
 // buffers differ in number or size from rank 0's (another config) is caught before any data moves.
-void broadcast_state(Communicator& comm, const std::vector<Tensor>& buffers, std::span<int64_t> scalars);
+// `host` carries that check and the scalars (host memory), `device` the buffers (on a GPU, its
+// communicator; on the CPU the same one).
+void broadcast_state(Communicator& host, Communicator& device, const std::vector<Tensor>& buffers,
+                     std::span<int64_t> scalars);
+inline void broadcast_state(Communicator& comm, const std::vector<Tensor>& buffers,
+                            std::span<int64_t> scalars) {
+  broadcast_state(comm, comm, buffers, scalars);
+}
 
 // FNV-1a over the parameters' bytes on each rank, gathered and compared. Returns the checksum;
 // throws naming the ranks that differ from rank 0.

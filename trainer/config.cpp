@@ -12,6 +12,10 @@ namespace {
 // Each enum's config spellings, in the order error messages list them.
 template <typename E>
 using Names = std::initializer_list<std::pair<const char*, E>>;
+constexpr Names<DeviceKind> kDevices = {
+    {"cpu", DeviceKind::kCpu}, {"cuda", DeviceKind::kCuda}, {"auto", DeviceKind::kAuto}};
+constexpr Names<CommBackend> kCommBackends = {
+    {"auto", CommBackend::kAuto}, {"nccl", CommBackend::kNccl}, {"mpi", CommBackend::kMpi}};
 constexpr Names<DatasetKind> kDatasets = {{"mnist", DatasetKind::kMnist},
                                           {"fashion_mnist", DatasetKind::kFashionMnist},
                                           {"linear", DatasetKind::kLinear}};
@@ -50,6 +54,12 @@ E get_enum(ObjectReader& r, const std::string& key, E fallback, Names<E> names) 
 
 }  // namespace
 
+std::string to_string(DeviceKind kind) {
+  return name_of(kind, kDevices);
+}
+std::string to_string(CommBackend kind) {
+  return name_of(kind, kCommBackends);
+}
 std::string to_string(DatasetKind kind) {
   return name_of(kind, kDatasets);
 }
@@ -102,6 +112,13 @@ Config parse_config(const Json& json) {
   c.seed = root.get_in_range<uint64_t>("seed", 0, 0, UINT64_MAX);
   c.output_dir = root.get<std::string>("output_dir", c.output_dir);
   c.threads = root.get_in_range("threads", 0, 0, 1024);
+  c.device = get_enum(root, "device", c.device, kDevices);
+  if (root.has("cuda")) {
+    ObjectReader r(root.raw("cuda"), "cuda");
+    c.cuda.tf32 = r.get<bool>("tf32", c.cuda.tf32);
+    c.cuda.deterministic = r.get<bool>("deterministic", c.cuda.deterministic);
+    r.finish();
+  }
 
   if (root.has("data")) {
     ObjectReader r(root.raw("data"), "data");
@@ -189,6 +206,11 @@ Config parse_config(const Json& json) {
   if (root.has("distributed")) {
     ObjectReader r(root.raw("distributed"), "distributed");
     DistributedConfig& d = c.distributed;
+    d.backend = get_enum(r, "backend", d.backend, kCommBackends);
+    DPTRAIN_CHECK(
+        d.backend != CommBackend::kNccl || c.device != DeviceKind::kCpu,
+        "config key distributed.backend = \"nccl\" needs device \"cuda\" (or \"auto\"); NCCL reduces GPU "
+        "buffers");
     d.fusion_threshold_mb = r.get_in_range("fusion_threshold_mb", d.fusion_threshold_mb, 0.0, 1e5);
     d.first_bucket_mb = r.get_in_range("first_bucket_mb", d.first_bucket_mb, 0.0, 1e5);
     d.overlap = r.get<bool>("overlap", d.overlap);
@@ -220,6 +242,8 @@ Json to_json(const Config& c) {
       {"seed", c.seed},
       {"output_dir", c.output_dir},
       {"threads", c.threads},
+      {"device", to_string(c.device)},
+      {"cuda", {{"tf32", c.cuda.tf32}, {"deterministic", c.cuda.deterministic}}},
       {"data",
        {{"dataset", to_string(c.data.dataset)},
         {"dir", c.data.dir},
@@ -254,7 +278,8 @@ Json to_json(const Config& c) {
         {"progress", name_of(c.training.progress, kProgressModes)},
         {"log_every_steps", c.training.log_every_steps}}},
       {"distributed",
-       {{"fusion_threshold_mb", c.distributed.fusion_threshold_mb},
+       {{"backend", to_string(c.distributed.backend)},
+        {"fusion_threshold_mb", c.distributed.fusion_threshold_mb},
         {"first_bucket_mb", c.distributed.first_bucket_mb},
         {"overlap", c.distributed.overlap},
         {"compression", name_of(c.distributed.compression, kCompressions)},

@@ -21,11 +21,15 @@ struct LinearDataConfig {
   double noise = 0;
 };
 
+enum class DeviceKind { kCpu, kCuda, kAuto };   // kAuto: CUDA when this build has it and a GPU is there
+enum class CommBackend { kAuto, kNccl, kMpi };  // kAuto: NCCL on GPUs, MPI on CPUs
 enum class DatasetKind { kMnist, kFashionMnist, kLinear };
 enum class LossKind { kCrossEntropy, kMse };
 enum class OptimizerKind { kSgd, kAdam, kAdamW };
 
 // The config spellings ("fashion_mnist", "mse", "adamw", ...).
+std::string to_string(DeviceKind kind);
+std::string to_string(CommBackend kind);
 std::string to_string(DatasetKind kind);
 std::string to_string(LossKind kind);
 std::string to_string(OptimizerKind kind);
@@ -68,7 +72,13 @@ struct OptimizerConfig {
   double min_lr = 0;
 };
 
+struct CudaConfig {
+  bool tf32 = false;           // TF32 tensor cores for fp32 GEMMs and convolutions
+  bool deterministic = false;  // only cuDNN algorithms with run-to-run identical results
+};
+
 struct DistributedConfig {
+  CommBackend backend = CommBackend::kAuto;
   double fusion_threshold_mb = 4;
   double first_bucket_mb = 1;
   bool overlap = true;
@@ -98,6 +108,8 @@ struct Config {
   uint64_t seed = 0;
   std::string output_dir = "runs/default";
   int threads = 0;  // 0: all cores
+  DeviceKind device = DeviceKind::kCpu;
+  CudaConfig cuda;
   DataConfig data;
   ModelConfig model;
   OptimizerConfig optimizer;

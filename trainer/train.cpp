@@ -25,6 +25,7 @@
 #include "distributed/mpi_communicator.h"
 #include "distributed/state_sync.h"
 #include "layers/build.h"
+#include "trainer/devices.h"
 #include "trainer/trainer.h"
 
 namespace dptrain::trainer {
@@ -102,9 +103,12 @@ void use_threads(const Config& config, const distributed::World& world) {
 Trainer::Trainer(const Config& config, const distributed::World& world)
     : config_(config),
       world_(world),
+      device_(choose_run_device(config, world)),
       comm_(std::make_unique<distributed::MpiCommunicator>(
           world, distributed::StallPolicy{.warning_s = config.distributed.stall_warning_s,
                                           .abort_s = config.distributed.stall_abort_s})),
+      device_comm_(make_device_communicator(config, device_, *comm_)),
+      state_comm_(device_comm_ ? device_comm_.get() : comm_.get()),
       train_set_(load_dataset(config, true)),
       test_set_(load_dataset(config, false)),
       sampler_(train_set_.size, config.data.batch_size, world.rank(), world.size(), config.seed,
@@ -146,7 +150,7 @@ Trainer::Trainer(const Config& config, const distributed::World& world)
                              .total_epochs = static_cast<double>(config.training.epochs),
                              .min_lr = config.optimizer.min_lr});
   reducer_ = std::make_unique<distributed::GradientReducer>(
-      *comm_, *parameters_,
+      *state_comm_, *parameters_,
       distributed::ReducerOptions{.fusion_threshold_mb = config.distributed.fusion_threshold_mb,
                                   .first_bucket_mb = config.distributed.first_bucket_mb,
                                   .overlap = config.distributed.overlap,
@@ -166,7 +170,7 @@ void Trainer::start(const RunOptions& options) {
                        position_.global_step,     position_.samples_seen,     resumed_};
   std::vector<Tensor> state = {parameters_->values()};
   for (const Tensor& slot : optimizer_->state_buffers()) state.push_back(slot);
-  distributed::broadcast_state(*comm_, state, std::span<int64_t>(scalars));
+  distributed::broadcast_state(*comm_, *state_comm_, state, std::span<int64_t>(scalars));
   position_ = {.epochs_completed = scalars[1],
                .epoch_samples_done = scalars[2],
                .global_step = scalars[3],
@@ -346,7 +350,7 @@ Evaluation Trainer::evaluate() {
 Evaluation Trainer::evaluate_checkpoint(const std::string& path) {
   if (world_.is_root()) restore(read_checkpoint(path), model_->named_parameters(), nullptr);
   int64_t none = 0;
-  distributed::broadcast_state(*comm_, {parameters_->values()}, std::span<int64_t>(&none, 1));
+  distributed::broadcast_state(*comm_, *state_comm_, {parameters_->values()}, std::span<int64_t>(&none, 1));
   const Evaluation e = evaluate();
   if (world_.is_root()) print_evaluation(config_, world_.size(), path, e);
   return e;

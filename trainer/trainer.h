@@ -65,8 +65,10 @@ class Trainer {
 
   const Config& config_;
   const distributed::World& world_;
-  Device device_ = Device::cpu();
-  std::unique_ptr<distributed::Communicator> comm_;
+  Device device_;
+  std::unique_ptr<distributed::Communicator> comm_;         // host memory: metrics, checks, the timeline
+  std::unique_ptr<distributed::Communicator> device_comm_;  // the device's buffers; null on the CPU
+  distributed::Communicator* state_comm_;                   // the one for parameters and gradients
   data::Dataset train_set_, test_set_;
   data::ShardedSampler sampler_;
   int64_t passes_per_step_;

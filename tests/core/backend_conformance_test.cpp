@@ -34,6 +34,10 @@
 #include "core/parameters.h"
 #include "core/rng.h"
 #include "optim/optimizer.h"
+#if defined(DPTRAIN_WITH_CUDA)
+#include "cuda/device.h"
+#include "cuda/runtime.h"
+#endif
 
 namespace dptrain {
 namespace {
@@ -512,6 +516,12 @@ void print_table() {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
+#if defined(DPTRAIN_WITH_CUDA)
+  // Every GPU of this machine joins the table (TF32 off: fp32 results within the tolerances).
+  const dptrain::cuda::DeviceProbe probe = dptrain::cuda::probe_devices();
+  for (int i = 0; i < probe.count; ++i) dptrain::cuda::use_gpu(i, probe.count, {});
+  if (probe.count == 0) std::printf("no GPU in the table: %s\n", probe.reason.c_str());
+#endif
   const int result = RUN_ALL_TESTS();
   if (!::testing::GTEST_FLAG(list_tests)) dptrain::print_table();
   return result;

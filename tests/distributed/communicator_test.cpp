@@ -15,7 +15,9 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "core/tensor.h"
 #include "distributed/mpi_communicator.h"
+#include "distributed/staged_communicator.h"
 #include "mpi_test_env.h"
 
 namespace dptrain::distributed {
@@ -248,6 +250,43 @@ TEST(Communicator, WatchdogWarnsWhenAPeerIsLate) {
     EXPECT_EQ(err.find("has waited", err.find("has waited") + 1), std::string::npos)
         << "warned twice: " << err;
   }
+}
+
+// The staged communicator (distributed.backend "mpi" on a GPU) copies each buffer of its device to
+// the host, reduces it there and copies it back: here on the reference device, whose backend does
+// those copies with the same interface as a GPU's, against the same closed forms.
+TEST(StagedCommunicator, ReducesBroadcastsAndGathersDeviceBuffers) {
+  MpiCommunicator host(test::world());
+  StagedCommunicator staged(host, Device::reference());
+  EXPECT_TRUE(staged.accepts(Device::reference()));
+  EXPECT_FALSE(staged.accepts(Device::cpu()));
+  const int N = staged.size(), r = staged.rank();
+  for (std::size_t n : kSizes) {
+    const std::vector<float> mine = ramp<float>(n, r);
+    const Tensor sum = Tensor::from_data({static_cast<int64_t>(n)}, mine).to(Device::reference());
+    const Tensor avg = sum.clone();
+    staged.allreduce(std::span<float>(sum.data_ptr(), n), ReduceOp::kSum, "staged sum");
+    Pending p = staged.start_allreduce(std::span<float>(avg.data_ptr(), n), ReduceOp::kAverage, "staged avg");
+    staged.wait(p);
+    const std::vector<float> s = sum.to_vector(), a = avg.to_vector();
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const float k = static_cast<float>(i % 97 + 1);
+      bad += s[i] != N * (N + 1) / 2 * k || a[i] != (N + 1) / 2.0f * k;
+    }
+    EXPECT_EQ(bad, 0u) << n << " elements";
+    const Tensor b =
+        Tensor::from_data({static_cast<int64_t>(n)}, ramp<float>(n, r + 10)).to(Device::reference());
+    staged.broadcast(std::span<float>(b.data_ptr(), n), N - 1, "staged broadcast");
+    EXPECT_EQ(b.to_vector(), ramp<float>(n, N - 1 + 10)) << n << " elements";
+  }
+  const Tensor one = Tensor::full({3}, static_cast<float>(r)).to(Device::reference());
+  const Tensor all = Tensor::zeros({3 * N}, Device::reference());
+  staged.allgather(std::span<const float>(one.data_ptr(), 3), std::span<float>(all.data_ptr(), 3 * N),
+                   "gather");
+  const std::vector<float> gathered = all.to_vector();
+  for (int k = 0; k < N; ++k)
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(gathered[k * 3 + i], static_cast<float>(k));
 }
 
 }  // namespace

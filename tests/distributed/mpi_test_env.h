@@ -69,7 +69,6 @@ class SelfCommunicator final : public Communicator {
     return {mine};
   }
 
- protected:
   Pending start_allreduce_elements(void*, std::size_t, DataType, ReduceOp, std::string,
                                    std::string) override {
     return {};
@@ -78,12 +77,7 @@ class SelfCommunicator final : public Communicator {
   void broadcast_elements(void*, std::size_t, DataType, int, const std::string&) override {}
   void allgather_elements(const void* send, void* recv, std::size_t count, DataType type,
                           const std::string&) override {
-    const std::size_t bytes = type == DataType::kF32 || type == DataType::kI32 ? 4
-                              : type == DataType::kU8                          ? 1
-                              : type == DataType::kF64 || type == DataType::kI64 || type == DataType::kU64
-                                  ? 8
-                                  : 2;
-    std::memcpy(recv, send, count * bytes);
+    std::memcpy(recv, send, count * element_size(type));
   }
 };
 

@@ -230,3 +230,11 @@ TEST_F(TrainerCliData, ProgressModes) {
       << "auto, writing to a file, prints lines: " << automatic;
   EXPECT_NE(automatic.find("step 1/1 loss"), std::string::npos) << automatic;
 }
+
+// device "cuda" where no GPU can be used (no driver here, or a build without the CUDA backend):
+// one clear line and a non-zero exit, never a crash.
+TEST_F(TrainerCliData, DeviceCudaWithoutAGpuIsOneClearLine) {
+  const RunResult probe = run_trainer(args() + " --set device=cuda");
+  if (probe.exit_code == 0) GTEST_SKIP() << "a GPU is usable here: the run trained on it";
+  expect_one_line_error(args() + " --set device=cuda", {"device \"cuda\"", "set device to \"cpu\""});
+}

@@ -1,0 +1,477 @@
+// The CUDA backend: memory, copies, cuBLAS/cuBLASLt GEMMs, cuDNN convolutions, and the kernels.
+#include "cuda/backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "cuda/kernels.h"
+
+namespace dptrain::cuda {
+namespace {
+
+constexpr std::size_t kMaxWorkspace = std::size_t{1} << 30;  // cuDNN / cuBLASLt scratch, at most
+
+void check_size(int64_t n, const char* what) {
+  DPTRAIN_CHECK(n <= std::numeric_limits<int>::max(), what, ": ", n, " exceeds cuBLAS/cuDNN's int sizes");
+}
+
+}  // namespace
+
+// ---- set-up ----
+
+CudaBackend::CudaBackend(int device_index, CudaOptions options) : index_(device_index), options_(options) {
+  DPTRAIN_CUDA_CHECK(cudaSetDevice(index_));
+  DPTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+  DPTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+  DPTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming));
+  // Keep what is freed: a steady-state step then reuses the pool's blocks and never asks the driver.
+  cudaMemPool_t pool;
+  DPTRAIN_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, index_));
+  uint64_t keep_everything = std::numeric_limits<uint64_t>::max();
+  DPTRAIN_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_everything));
+  DPTRAIN_CUBLAS_CHECK(cublasCreate(&cublas_));
+  DPTRAIN_CUBLAS_CHECK(cublasSetStream(cublas_, compute_));
+  // Plain fp32 unless TF32 is asked for: the results then agree with the CPU to float rounding.
+  DPTRAIN_CUBLAS_CHECK(
+      cublasSetMathMode(cublas_, options_.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  DPTRAIN_CUBLAS_CHECK(cublasLtCreate(&cublas_lt_));
+  DPTRAIN_CUDNN_CHECK(cudnnCreate(&cudnn_));
+  DPTRAIN_CUDNN_CHECK(cudnnSetStream(cudnn_, compute_));
+}
+
+CudaBackend::~CudaBackend() {
+  // At exit: nothing useful to do with an error any more, so none is checked.
+  cudaStreamSynchronize(compute_);
+  conv_plans_.clear();
+  linear_plans_.clear();
+  for (Scratch* s : {&workspace_, &labels_, &relu_mask_, &row_loss_, &partials_, &flag_})
+    if (s->data) cudaFreeAsync(s->data, compute_);
+  for (Pinned* p : {&upload_[0], &upload_[1], &download_}) {
+    if (p->done) cudaEventSynchronize(p->done), cudaEventDestroy(p->done);
+    if (p->data) cudaFreeHost(p->data);
+  }
+  cudnnDestroy(cudnn_);
+  cublasLtDestroy(cublas_lt_);
+  cublasDestroy(cublas_);
+  cudaStreamSynchronize(compute_);
+  cudaEventDestroy(compute_ready_);
+  cudaStreamDestroy(copy_);
+  cudaStreamDestroy(compute_);
+}
+
+// ---- memory ----
+
+void* CudaBackend::allocate(std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* p = nullptr;
+  DPTRAIN_CUDA_CHECK(cudaMallocAsync(&p, bytes, compute_));
+  return p;
+}
+
+void CudaBackend::release(void* pointer, std::size_t) {
+  // Stream-ordered: the block returns to the pool once the work queued before it has finished.
+  if (pointer) cudaFreeAsync(pointer, compute_);
+}
+
+void* CudaBackend::scratch(Scratch& s, std::size_t bytes) {
+  if (bytes > s.bytes) {
+    if (s.data) DPTRAIN_CUDA_CHECK(cudaFreeAsync(s.data, compute_));
+    s.data = nullptr;
+    DPTRAIN_CUDA_CHECK(cudaMallocAsync(&s.data, bytes, compute_));
+    s.bytes = bytes;
+  }
+  return s.data;
+}
+
+void* CudaBackend::pinned(Pinned& p, std::size_t bytes) {
+  if (!p.done) DPTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming));
+  if (bytes > p.bytes) {
+    DPTRAIN_CUDA_CHECK(cudaEventSynchronize(p.done));  // nothing may still read the old buffer
+    if (p.data) DPTRAIN_CUDA_CHECK(cudaFreeHost(p.data));
+    p.data = nullptr;
+    // Grow geometrically: batch sizes vary (an epoch's last step, evaluation) and should not churn.
+    const std::size_t size = std::max(bytes, 2 * p.bytes);
+    DPTRAIN_CUDA_CHECK(cudaMallocHost(&p.data, size));
+    p.bytes = size;
+  }
+  return p.data;
+}
+
+void CudaBackend::copy_from_host(void* dst, const void* host_src, std::size_t bytes) {
+  if (bytes == 0) return;
+  // Two pinned buffers in turn: the host fills one while the copy engine may still read the other.
+  Pinned& slot = upload_[next_upload_];
+  next_upload_ ^= 1;
+  if (slot.done) DPTRAIN_CUDA_CHECK(cudaEventSynchronize(slot.done));
+  void* staging = pinned(slot, bytes);
+  std::memcpy(staging, host_src, bytes);
+  // `dst` is ordered on the compute stream (allocated or last used there): the copy waits for it,
+  // and the compute stream waits for the copy.
+  DPTRAIN_CUDA_CHECK(cudaEventRecord(compute_ready_, compute_));
+  DPTRAIN_CUDA_CHECK(cudaStreamWaitEvent(copy_, compute_ready_, 0));
+  DPTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, staging, bytes, cudaMemcpyHostToDevice, copy_));
+  DPTRAIN_CUDA_CHECK(cudaEventRecord(slot.done, copy_));
+  DPTRAIN_CUDA_CHECK(cudaStreamWaitEvent(compute_, slot.done, 0));
+}
+
+void CudaBackend::copy_to_host(void* host_dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  void* staging = pinned(download_, bytes);
+  DPTRAIN_CUDA_CHECK(cudaMemcpyAsync(staging, src, bytes, cudaMemcpyDeviceToHost, compute_));
+  DPTRAIN_CUDA_CHECK(cudaStreamSynchronize(compute_));
+  std::memcpy(host_dst, staging, bytes);
+}
+
+void CudaBackend::copy(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  DPTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, compute_));
+}
+
+void CudaBackend::fill(float* dst, int64_t n, float value) {
+  cuda::fill(dst, n, value, compute_);
+}
+
+void CudaBackend::synchronize() {
+  DPTRAIN_CUDA_CHECK(cudaStreamSynchronize(compute_));
+}
+
+// ---- dense algebra: row-major tensors are column-major transposes, so Y = A B is Y^T = B^T A^T ----
+
+void CudaBackend::matmul(const float* a, const float* b, float* y, MatmulShape s) {
+  check_size(s.m * s.k + s.k * s.n, "matmul");
+  const float one = 1, zero = 0;
+  const int m = static_cast<int>(s.m), k = static_cast<int>(s.k), n = static_cast<int>(s.n);
+  DPTRAIN_CUBLAS_CHECK(
+      cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, b, n, a, k, &zero, y, n));
+}
+
+void CudaBackend::matmul_backward(const float* gy, const float* a, const float* b, float* ga, float* gb,
+                                  MatmulShape s) {
+  const float one = 1;
+  const int m = static_cast<int>(s.m), k = static_cast<int>(s.k), n = static_cast<int>(s.n);
+  // ga [m, k] += gy [m, n] b^T: ga^T = b gy^T.
+  if (ga)
+    DPTRAIN_CUBLAS_CHECK(
+        cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, k, m, n, &one, b, n, gy, n, &one, ga, k));
+  // gb [k, n] += a^T gy: gb^T = gy^T a.
+  if (gb)
+    DPTRAIN_CUBLAS_CHECK(
+        cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, n, k, m, &one, gy, n, a, k, &one, gb, n));
+}
+
+struct CudaBackend::LinearPlan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t w = nullptr, x = nullptr, y = nullptr;
+  cublasLtMatmulHeuristicResult_t algo{};
+  bool usable = false;  // a bias-epilogue algorithm exists for this shape
+  ~LinearPlan() {
+    if (op) cublasLtMatmulDescDestroy(op);
+    for (cublasLtMatrixLayout_t l : {w, x, y})
+      if (l) cublasLtMatrixLayoutDestroy(l);
+  }
+};
+
+// y^T [out, batch] = W [out, in] x^T: in column-major terms op(A) = A^T with A the stored [in, out]
+// weight, B the stored [in, batch] input; the bias (length out) goes into the GEMM's epilogue.
+CudaBackend::LinearPlan& CudaBackend::linear_plan(LinearShape s) {
+  auto& plan = linear_plans_[{s.batch, s.in, s.out, options_.tf32}];
+  if (plan) return *plan;
+  plan = std::make_unique<LinearPlan>();
+  const cublasComputeType_t compute = options_.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  DPTRAIN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op, compute, CUDA_R_32F));
+  const cublasOperation_t transpose = CUBLAS_OP_T, none = CUBLAS_OP_N;
+  DPTRAIN_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof transpose));
+  DPTRAIN_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof none));
+  const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  DPTRAIN_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+  DPTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->w, CUDA_R_32F, s.in, s.out, s.in));
+  DPTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->x, CUDA_R_32F, s.in, s.batch, s.in));
+  DPTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->y, CUDA_R_32F, s.out, s.batch, s.out));
+  cublasLtMatmulPreference_t preference;
+  DPTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  const std::size_t workspace = 32 << 20;
+  DPTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      cublas_lt_, plan->op, plan->w, plan->x, plan->y, plan->y, preference, 1, &plan->algo, &found);
+  cublasLtMatmulPreferenceDestroy(preference);
+  plan->usable = status == CUBLAS_STATUS_SUCCESS && found > 0;
+  return *plan;
+}
+
+void CudaBackend::linear(const float* x, const float* w, const float* bias, float* y, LinearShape s) {
+  check_size(s.batch * s.in + s.out * s.in, "linear");
+  const float one = 1, zero = 0;
+  if (bias) {
+    LinearPlan& plan = linear_plan(s);
+    if (plan.usable) {
+      DPTRAIN_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+      void* workspace = scratch(workspace_, plan.algo.workspaceSize);
+      DPTRAIN_CUBLAS_CHECK(cublasLtMatmul(cublas_lt_, plan.op, &one, w, plan.w, x, plan.x, &zero, y, plan.y,
+                                          y, plan.y, &plan.algo.algo, workspace, plan.algo.workspaceSize,
+                                          compute_));
+      return;
+    }
+  }
+  const int batch = static_cast<int>(s.batch), in = static_cast<int>(s.in), out = static_cast<int>(s.out);
+  DPTRAIN_CUBLAS_CHECK(
+      cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, out, batch, in, &one, w, in, x, in, &zero, y, out));
+  if (bias) cuda::add_bias(y, bias, y, {s.batch, s.out, 1}, /*relu=*/false, compute_);
+}
+
+void CudaBackend::linear_backward(const float* gy, const float* x, const float* w, float* gx, float* gw,
+                                  float* gbias, LinearShape s) {
+  const float one = 1;
+  const int batch = static_cast<int>(s.batch), in = static_cast<int>(s.in), out = static_cast<int>(s.out);
+  // gx [batch, in] += gy [batch, out] w [out, in]: gx^T = w^T gy^T.
+  if (gx)
+    DPTRAIN_CUBLAS_CHECK(
+        cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, in, batch, out, &one, w, in, gy, out, &one, gx, in));
+  // gw [out, in] += gy^T x: gw^T = x^T gy.
+  if (gw)
+    DPTRAIN_CUBLAS_CHECK(
+        cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, in, out, batch, &one, x, in, gy, out, &one, gw, in));
+  if (gbias) bias_gradient(gy, gbias, {s.batch, s.out, 1}, compute_);
+}
+
+void CudaBackend::add_bias(const float* x, const float* bias, float* y, BiasShape s) {
+  cuda::add_bias(x, bias, y, s, /*relu=*/false, compute_);
+}
+
+void CudaBackend::add_bias_backward(const float* gy, float* gx, float* gbias, BiasShape s) {
+  if (gx) cuda::add(gy, gx, s.outer * s.channels * s.inner, compute_);
+  if (gbias) bias_gradient(gy, gbias, s, compute_);
+}
+
+// ---- convolution (cuDNN), one plan per shape ----
+
+struct CudaBackend::ConvPlan {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  cudnnConvolutionFwdAlgo_t forward{};
+  cudnnConvolutionBwdDataAlgo_t backward_data{};
+  cudnnConvolutionBwdFilterAlgo_t backward_filter{};
+  std::size_t forward_workspace = 0, data_workspace = 0, filter_workspace = 0;
+  ~ConvPlan() {
+    if (x) cudnnDestroyTensorDescriptor(x);
+    if (y) cudnnDestroyTensorDescriptor(y);
+    if (w) cudnnDestroyFilterDescriptor(w);
+    if (conv) cudnnDestroyConvolutionDescriptor(conv);
+  }
+};
+
+namespace {
+
+// The fastest algorithm cuDNN's heuristics rank first among those that run in the workspace cap,
+// and, when asked, give the same bits every run.
+template <typename Perf>
+const Perf& pick(const Perf* results, int count, bool deterministic, const char* what) {
+  for (int i = 0; i < count; ++i) {
+    const Perf& p = results[i];
+    if (p.status != CUDNN_STATUS_SUCCESS || p.memory > kMaxWorkspace) continue;
+    if (deterministic && p.determinism != CUDNN_DETERMINISTIC) continue;
+    return p;
+  }
+  DPTRAIN_FAIL("cuDNN offers no ", deterministic ? "deterministic " : "", what,
+               " algorithm for this convolution within ", kMaxWorkspace >> 20, " MiB of workspace",
+               deterministic ? "; set cuda.deterministic to false" : "");
+}
+
+}  // namespace
+
+CudaBackend::ConvPlan& CudaBackend::conv_plan(const Conv2dGeometry& g) {
+  auto& plan = conv_plans_[{g.batch, g.channels, g.height, g.width, g.out_channels, g.kernel_h, g.kernel_w,
+                            g.stride, g.padding}];
+  if (plan) return *plan;
+  check_size(g.batch * g.channels * g.height * g.width, "conv2d input");
+  check_size(g.batch * g.out_channels * g.out_h * g.out_w, "conv2d output");
+  plan = std::make_unique<ConvPlan>();
+  const auto i = [](int64_t v) { return static_cast<int>(v); };
+  DPTRAIN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&plan->x));
+  DPTRAIN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(g.batch),
+                                                 i(g.channels), i(g.height), i(g.width)));
+  DPTRAIN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&plan->y));
+  DPTRAIN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(g.batch),
+                                                 i(g.out_channels), i(g.out_h), i(g.out_w)));
+  DPTRAIN_CUDNN_CHECK(cudnnCreateFilterDescriptor(&plan->w));
+  DPTRAIN_CUDNN_CHECK(cudnnSetFilter4dDescriptor(plan->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+                                                 i(g.out_channels), i(g.channels), i(g.kernel_h),
+                                                 i(g.kernel_w)));
+  DPTRAIN_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&plan->conv));
+  // PyTorch's Conv2d is a cross-correlation.
+  DPTRAIN_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(plan->conv, g.padding, g.padding, g.stride, g.stride, 1,
+                                                      1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  // FMA math: no TF32 tensor cores (cuDNN's default math uses them for fp32 on Ampere and later).
+  DPTRAIN_CUDNN_CHECK(
+      cudnnSetConvolutionMathType(plan->conv, options_.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+
+  constexpr int kCandidates = 16;
+  int count = 0;
+  cudnnConvolutionFwdAlgoPerf_t forward[kCandidates];
+  DPTRAIN_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(cudnn_, plan->x, plan->w, plan->conv, plan->y,
+                                                             kCandidates, &count, forward));
+  const auto& f = pick(forward, count, options_.deterministic, "forward");
+  plan->forward = f.algo;
+  plan->forward_workspace = f.memory;
+  cudnnConvolutionBwdDataAlgoPerf_t data[kCandidates];
+  DPTRAIN_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn_, plan->w, plan->y, plan->conv,
+                                                                  plan->x, kCandidates, &count, data));
+  const auto& d = pick(data, count, options_.deterministic, "backward-data");
+  plan->backward_data = d.algo;
+  plan->data_workspace = d.memory;
+  cudnnConvolutionBwdFilterAlgoPerf_t filter[kCandidates];
+  DPTRAIN_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnn_, plan->x, plan->y, plan->conv,
+                                                                    plan->w, kCandidates, &count, filter));
+  const auto& w = pick(filter, count, options_.deterministic, "backward-filter");
+  plan->backward_filter = w.algo;
+  plan->filter_workspace = w.memory;
+  return *plan;
+}
+
+void CudaBackend::conv2d(const float* x, const float* w, const float* bias, float* y,
+                         const Conv2dGeometry& g) {
+  ConvPlan& plan = conv_plan(g);
+  const float one = 1, zero = 0;
+  void* workspace = scratch(workspace_, plan.forward_workspace);
+  DPTRAIN_CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, plan.x, x, plan.w, w, plan.conv, plan.forward,
+                                              workspace, plan.forward_workspace, &zero, plan.y, y));
+  // The bias and the fused ReLU in one pass over the output.
+  if (bias || g.fuse_relu)
+    cuda::add_bias(y, bias, y, {g.batch, g.out_channels, g.out_h * g.out_w}, g.fuse_relu, compute_);
+}
+
+void CudaBackend::conv2d_backward(const float* gy, const float* x, const float* w, const float* y, float* gx,
+                                  float* gw, float* gbias, const Conv2dGeometry& g) {
+  ConvPlan& plan = conv_plan(g);
+  const int64_t n = g.batch * g.out_channels * g.out_h * g.out_w;
+  const float* grad = gy;
+  if (g.fuse_relu) {  // the gradient passes where the output is positive
+    float* masked = static_cast<float*>(scratch(relu_mask_, sizeof(float) * n));
+    relu_mask(gy, y, masked, n, compute_);
+    grad = masked;
+  }
+  if (gbias) bias_gradient(grad, gbias, {g.batch, g.out_channels, g.out_h * g.out_w}, compute_);
+  const float one = 1;
+  if (gw) {
+    void* workspace = scratch(workspace_, plan.filter_workspace);
+    DPTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, plan.x, x, plan.y, grad, plan.conv,
+                                                       plan.backward_filter, workspace, plan.filter_workspace,
+                                                       &one, plan.w, gw));
+  }
+  if (gx) {
+    void* workspace = scratch(workspace_, plan.data_workspace);
+    DPTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, plan.w, w, plan.y, grad, plan.conv,
+                                                     plan.backward_data, workspace, plan.data_workspace, &one,
+                                                     plan.x, gx));
+  }
+}
+
+// ---- pooling and pointwise: cuda/kernels.cu ----
+
+void CudaBackend::maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& g) {
+  cuda::maxpool2d(x, y, argmax, g, compute_);
+}
+void CudaBackend::maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx,
+                                     const Pool2dGeometry& g) {
+  cuda::maxpool2d_backward(gy, argmax, gx, g, compute_);
+}
+void CudaBackend::activation(Activation f, const float* x, float* y, int64_t n) {
+  cuda::activation(f, x, y, n, compute_);
+}
+void CudaBackend::activation_backward(Activation f, const float* x, const float* y, const float* gy,
+                                      float* gx, int64_t n) {
+  cuda::activation_backward(f, x, y, gy, gx, n, compute_);
+}
+void CudaBackend::dropout(const float* x, float* y, float* mask, int64_t n, float p, uint64_t rng_state) {
+  cuda::dropout(x, y, mask, n, p, rng_state, compute_);
+}
+void CudaBackend::dropout_backward(const float* gy, const float* mask, float* gx, int64_t n) {
+  cuda::dropout_backward(gy, mask, gx, n, compute_);
+}
+void CudaBackend::add(const float* x, float* y, int64_t n) {
+  cuda::add(x, y, n, compute_);
+}
+void CudaBackend::add_scalar(float* y, int64_t n, float value) {
+  cuda::add_scalar(y, n, value, compute_);
+}
+
+// ---- losses and reductions ----
+
+const int32_t* CudaBackend::upload_labels(std::span<const int32_t> labels) {
+  auto* device_labels =
+      static_cast<int32_t*>(scratch(labels_, sizeof(int32_t) * std::max<std::size_t>(labels.size(), 1)));
+  copy_from_host(device_labels, labels.data(), labels.size_bytes());
+  return device_labels;
+}
+
+void CudaBackend::cross_entropy(const float* logits, std::span<const int32_t> labels, float* probs,
+                                float* loss, int64_t batch, int64_t classes) {
+  const int32_t* device_labels = upload_labels(labels);
+  auto* row_loss = static_cast<float*>(scratch(row_loss_, sizeof(float) * batch));
+  softmax_cross_entropy(logits, device_labels, probs, row_loss, batch, classes, compute_);
+  reduce_sum(row_loss, nullptr, batch, 1.0 / static_cast<double>(batch),
+             static_cast<double*>(scratch(partials_, sizeof(double) * kReductionBlocks)), loss, compute_);
+}
+
+void CudaBackend::cross_entropy_backward(const float* probs, std::span<const int32_t> labels,
+                                         const float* gloss, float* glogits, int64_t batch, int64_t classes) {
+  // Uploaded again: another forward (an evaluation) may have replaced the forward's labels since.
+  cuda::cross_entropy_backward(probs, upload_labels(labels), gloss, glogits, batch, classes, compute_);
+}
+
+void CudaBackend::mse(const float* prediction, const float* target, float* loss, int64_t n) {
+  reduce_sum(prediction, target, n, 1.0 / static_cast<double>(n),
+             static_cast<double*>(scratch(partials_, sizeof(double) * kReductionBlocks)), loss, compute_);
+}
+
+void CudaBackend::mse_backward(const float* prediction, const float* target, const float* gloss,
+                               float* gprediction, int64_t n) {
+  cuda::mse_backward(prediction, target, gloss, gprediction, n, compute_);
+}
+
+void CudaBackend::sum(const float* x, float* out, int64_t n) {
+  reduce_sum(x, nullptr, n, 1.0, static_cast<double*>(scratch(partials_, sizeof(double) * kReductionBlocks)),
+             out, compute_);
+}
+
+void CudaBackend::sum_backward(const float* gout, float* gx, int64_t n) {
+  add_device_scalar(gout, gx, n, compute_);
+}
+
+// ---- gradient reduction and optimizers ----
+
+void CudaBackend::to_half(const float* x, uint16_t* y, int64_t n, float scale, HalfFormat format) {
+  floats_to_halves(x, y, n, scale, format, compute_);
+}
+
+void CudaBackend::from_half(const uint16_t* x, float* y, int64_t n, HalfFormat format) {
+  halves_to_floats(x, y, n, format, compute_);
+}
+
+bool CudaBackend::all_finite(const float* x, int64_t n) {
+  auto* flag = static_cast<int32_t*>(scratch(flag_, sizeof(int32_t)));
+  DPTRAIN_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int32_t), compute_));
+  flag_non_finite(x, n, flag, compute_);
+  int32_t bad = 0;
+  copy_to_host(&bad, flag, sizeof bad);
+  return bad == 0;
+}
+
+void CudaBackend::sgd_step(float* params, const float* grads, float* momentum_buffer, int64_t n,
+                           const SgdStep& s) {
+  cuda::sgd_step(params, grads, momentum_buffer, n, s, compute_);
+}
+
+void CudaBackend::adam_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, int64_t n,
+                            const AdamStep& s) {
+  cuda::adam_step(params, grads, exp_avg, exp_avg_sq, n, s, compute_);
+}
+
+}  // namespace dptrain::cuda

@@ -1,0 +1,122 @@
+// The CUDA backend: the Backend table (core/backend.h) on one GPU. Dense algebra on cuBLAS (cuBLASLt
+// with the bias in the GEMM's epilogue for linear), convolutions on cuDNN 9's convolution API with
+// algorithms chosen once per shape, everything else on the kernels of cuda/kernels.cu. Work runs
+// in order on one compute stream; host-to-device copies go through pinned buffers on a copy stream
+// that the compute stream waits for, so a batch uploads while the previous step computes. Memory
+// is stream-ordered (cudaMallocAsync on a pool that keeps what is freed), so a steady-state step
+// calls the driver's allocator zero times and a block is reused only in stream order.
+// Internal to cuda/: the trainer reaches it through backend_for(Device::cuda(i)).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "core/backend.h"
+#include "cuda/check.h"
+
+namespace dptrain::cuda {
+
+struct CudaOptions {
+  bool tf32 = false;           // TF32 tensor cores for fp32 GEMMs and convolutions (off: exact fp32)
+  bool deterministic = false;  // only cuDNN algorithms that give the same bits run to run
+};
+
+class CudaBackend final : public Backend {
+ public:
+  // Makes `device_index` current on this thread and sets up streams, handles and the memory pool.
+  CudaBackend(int device_index, CudaOptions options);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  Device device() const override { return Device::cuda(index_); }
+  cudaStream_t compute_stream() const { return compute_; }
+  const CudaOptions& options() const { return options_; }
+
+  void* allocate(std::size_t bytes) override;
+  void release(void* pointer, std::size_t bytes) override;
+  void copy_from_host(void* dst, const void* host_src, std::size_t bytes) override;
+  void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override;
+  void copy(void* dst, const void* src, std::size_t bytes) override;
+  void fill(float* dst, int64_t n, float value) override;
+  void synchronize() override;
+
+  void matmul(const float* a, const float* b, float* y, MatmulShape s) override;
+  void matmul_backward(const float* gy, const float* a, const float* b, float* ga, float* gb,
+                       MatmulShape s) override;
+  void linear(const float* x, const float* w, const float* bias, float* y, LinearShape s) override;
+  void linear_backward(const float* gy, const float* x, const float* w, float* gx, float* gw, float* gbias,
+                       LinearShape s) override;
+  void add_bias(const float* x, const float* bias, float* y, BiasShape s) override;
+  void add_bias_backward(const float* gy, float* gx, float* gbias, BiasShape s) override;
+  void conv2d(const float* x, const float* w, const float* bias, float* y, const Conv2dGeometry& g) override;
+  void conv2d_backward(const float* gy, const float* x, const float* w, const float* y, float* gx, float* gw,
+                       float* gbias, const Conv2dGeometry& g) override;
+  void maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& g) override;
+  void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx,
+                          const Pool2dGeometry& g) override;
+  void activation(Activation f, const float* x, float* y, int64_t n) override;
+  void activation_backward(Activation f, const float* x, const float* y, const float* gy, float* gx,
+                           int64_t n) override;
+  void dropout(const float* x, float* y, float* mask, int64_t n, float p, uint64_t rng_state) override;
+  void dropout_backward(const float* gy, const float* mask, float* gx, int64_t n) override;
+  void add(const float* x, float* y, int64_t n) override;
+  void add_scalar(float* y, int64_t n, float value) override;
+  void cross_entropy(const float* logits, std::span<const int32_t> labels, float* probs, float* loss,
+                     int64_t batch, int64_t classes) override;
+  void cross_entropy_backward(const float* probs, std::span<const int32_t> labels, const float* gloss,
+                              float* glogits, int64_t batch, int64_t classes) override;
+  void mse(const float* prediction, const float* target, float* loss, int64_t n) override;
+  void mse_backward(const float* prediction, const float* target, const float* gloss, float* gprediction,
+                    int64_t n) override;
+  void sum(const float* x, float* out, int64_t n) override;
+  void sum_backward(const float* gout, float* gx, int64_t n) override;
+  void to_half(const float* x, uint16_t* y, int64_t n, float scale, HalfFormat format) override;
+  void from_half(const uint16_t* x, float* y, int64_t n, HalfFormat format) override;
+  bool all_finite(const float* x, int64_t n) override;
+  void sgd_step(float* params, const float* grads, float* momentum_buffer, int64_t n,
+                const SgdStep& s) override;
+  void adam_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, int64_t n,
+                 const AdamStep& s) override;
+
+ private:
+  // A device buffer of this backend that grows and is kept (scratch: workspaces, labels, masks).
+  struct Scratch {
+    void* data = nullptr;
+    std::size_t bytes = 0;
+  };
+  void* scratch(Scratch& s, std::size_t bytes);
+  // A pinned host buffer that grows; `done` is recorded after the last copy that used it.
+  struct Pinned {
+    void* data = nullptr;
+    std::size_t bytes = 0;
+    cudaEvent_t done = nullptr;
+  };
+  void* pinned(Pinned& p, std::size_t bytes);
+  const int32_t* upload_labels(std::span<const int32_t> labels);
+
+  struct ConvPlan;  // descriptors and algorithms of one convolution shape
+  ConvPlan& conv_plan(const Conv2dGeometry& g);
+  struct LinearPlan;  // cuBLASLt descriptors and algorithm of one linear shape
+  LinearPlan& linear_plan(LinearShape s);
+
+  int index_;
+  CudaOptions options_;
+  cudaStream_t compute_ = nullptr, copy_ = nullptr;
+  cudaEvent_t compute_ready_ = nullptr;  // "work enqueued so far" marker for the copy stream
+  cublasHandle_t cublas_ = nullptr;
+  cublasLtHandle_t cublas_lt_ = nullptr;
+  cudnnHandle_t cudnn_ = nullptr;
+  Scratch workspace_, labels_, relu_mask_, row_loss_, partials_, flag_;
+  Pinned upload_[2], download_;
+  int next_upload_ = 0;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int>,
+           std::unique_ptr<ConvPlan>>
+      conv_plans_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, std::unique_ptr<LinearPlan>> linear_plans_;
+};
+
+}  // namespace dptrain::cuda
