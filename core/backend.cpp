@@ -16,9 +16,11 @@ struct Registry {
   std::vector<std::shared_ptr<Backend>> backends;  // registered ones (GPUs)
 };
 
+// Never destroyed, as the built-in backends: storages in other statics may release memory through
+// a registered backend at exit, and a GPU backend's teardown could wait on a stuck stream there.
 Registry& registry() {
-  static Registry instance;
-  return instance;
+  static Registry* const instance = new Registry;
+  return *instance;
 }
 
 Backend* find(Device device) {

@@ -11,6 +11,7 @@ namespace dptrain::cuda {
 namespace {
 
 constexpr std::size_t kMaxWorkspace = std::size_t{1} << 30;  // cuDNN / cuBLASLt scratch, at most
+constexpr uint32_t kLtAlignment = 16;  // the pointer alignment the cuBLASLt plans are chosen for
 
 void check_size(int64_t n, const char* what) {
   DPTRAIN_CHECK(n <= std::numeric_limits<int>::max(), what, ": ", n, " exceeds cuBLAS/cuDNN's int sizes");
@@ -25,6 +26,8 @@ CudaBackend::CudaBackend(int device_index, CudaOptions options) : index_(device_
   DPTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
   DPTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
   DPTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming));
+  for (Pinned* p : {&upload_[0], &upload_[1], &download_})
+    DPTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming));
   // Keep what is freed: a steady-state step then reuses the pool's blocks and never asks the driver.
   cudaMemPool_t pool;
   DPTRAIN_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, index_));
@@ -60,9 +63,17 @@ CudaBackend::~CudaBackend() {
   cudaStreamDestroy(compute_);
 }
 
+// Every entry point runs with this backend's GPU current on the calling thread: a process may drive
+// several GPUs (the conformance test does), and launches, handles and events belong to one.
+void CudaBackend::make_current() const {
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current != index_) DPTRAIN_CUDA_CHECK(cudaSetDevice(index_));
+}
+
 // ---- memory ----
 
 void* CudaBackend::allocate(std::size_t bytes) {
+  make_current();
   if (bytes == 0) return nullptr;
   void* p = nullptr;
   DPTRAIN_CUDA_CHECK(cudaMallocAsync(&p, bytes, compute_));
@@ -70,6 +81,7 @@ void* CudaBackend::allocate(std::size_t bytes) {
 }
 
 void CudaBackend::release(void* pointer, std::size_t) {
+  make_current();
   // Stream-ordered: the block returns to the pool once the work queued before it has finished.
   if (pointer) cudaFreeAsync(pointer, compute_);
 }
@@ -78,6 +90,7 @@ void* CudaBackend::scratch(Scratch& s, std::size_t bytes) {
   if (bytes > s.bytes) {
     if (s.data) DPTRAIN_CUDA_CHECK(cudaFreeAsync(s.data, compute_));
     s.data = nullptr;
+    s.bytes = 0;  // consistent if the allocation below throws
     DPTRAIN_CUDA_CHECK(cudaMallocAsync(&s.data, bytes, compute_));
     s.bytes = bytes;
   }
@@ -85,11 +98,11 @@ void* CudaBackend::scratch(Scratch& s, std::size_t bytes) {
 }
 
 void* CudaBackend::pinned(Pinned& p, std::size_t bytes) {
-  if (!p.done) DPTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming));
   if (bytes > p.bytes) {
     DPTRAIN_CUDA_CHECK(cudaEventSynchronize(p.done));  // nothing may still read the old buffer
     if (p.data) DPTRAIN_CUDA_CHECK(cudaFreeHost(p.data));
     p.data = nullptr;
+    p.bytes = 0;  // consistent if the allocation below throws
     // Grow geometrically: batch sizes vary (an epoch's last step, evaluation) and should not churn.
     const std::size_t size = std::max(bytes, 2 * p.bytes);
     DPTRAIN_CUDA_CHECK(cudaMallocHost(&p.data, size));
@@ -99,11 +112,12 @@ void* CudaBackend::pinned(Pinned& p, std::size_t bytes) {
 }
 
 void CudaBackend::copy_from_host(void* dst, const void* host_src, std::size_t bytes) {
+  make_current();
   if (bytes == 0) return;
   // Two pinned buffers in turn: the host fills one while the copy engine may still read the other.
   Pinned& slot = upload_[next_upload_];
   next_upload_ ^= 1;
-  if (slot.done) DPTRAIN_CUDA_CHECK(cudaEventSynchronize(slot.done));
+  DPTRAIN_CUDA_CHECK(cudaEventSynchronize(slot.done));
   void* staging = pinned(slot, bytes);
   std::memcpy(staging, host_src, bytes);
   // `dst` is ordered on the compute stream (allocated or last used there): the copy waits for it,
@@ -116,6 +130,7 @@ void CudaBackend::copy_from_host(void* dst, const void* host_src, std::size_t by
 }
 
 void CudaBackend::copy_to_host(void* host_dst, const void* src, std::size_t bytes) {
+  make_current();
   if (bytes == 0) return;
   void* staging = pinned(download_, bytes);
   DPTRAIN_CUDA_CHECK(cudaMemcpyAsync(staging, src, bytes, cudaMemcpyDeviceToHost, compute_));
@@ -124,22 +139,29 @@ void CudaBackend::copy_to_host(void* host_dst, const void* src, std::size_t byte
 }
 
 void CudaBackend::copy(void* dst, const void* src, std::size_t bytes) {
+  make_current();
   if (bytes == 0) return;
   DPTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, compute_));
 }
 
 void CudaBackend::fill(float* dst, int64_t n, float value) {
+  make_current();
   cuda::fill(dst, n, value, compute_);
 }
 
 void CudaBackend::synchronize() {
+  make_current();
   DPTRAIN_CUDA_CHECK(cudaStreamSynchronize(compute_));
 }
 
 // ---- dense algebra: row-major tensors are column-major transposes, so Y = A B is Y^T = B^T A^T ----
 
 void CudaBackend::matmul(const float* a, const float* b, float* y, MatmulShape s) {
+  make_current();
   check_size(s.m * s.k + s.k * s.n, "matmul");
+  // cuBLAS refuses leading dimensions of 0: empty shapes are settled here.
+  if (s.m == 0 || s.n == 0) return;
+  if (s.k == 0) return cuda::fill(y, s.m * s.n, 0.0f, compute_);
   const float one = 1, zero = 0;
   const int m = static_cast<int>(s.m), k = static_cast<int>(s.k), n = static_cast<int>(s.n);
   DPTRAIN_CUBLAS_CHECK(
@@ -148,6 +170,8 @@ void CudaBackend::matmul(const float* a, const float* b, float* y, MatmulShape s
 
 void CudaBackend::matmul_backward(const float* gy, const float* a, const float* b, float* ga, float* gb,
                                   MatmulShape s) {
+  make_current();
+  if (s.m == 0 || s.k == 0 || s.n == 0) return;  // nothing to add
   const float one = 1;
   const int m = static_cast<int>(s.m), k = static_cast<int>(s.k), n = static_cast<int>(s.n);
   // ga [m, k] += gy [m, n] b^T: ga^T = b gy^T.
@@ -196,6 +220,13 @@ CudaBackend::LinearPlan& CudaBackend::linear_plan(LinearShape s) {
   const std::size_t workspace = 32 << 20;
   DPTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
+  // Parameters are windows of the flat buffers, aligned to 64 bytes, not cuBLASLt's assumed 256.
+  const uint32_t alignment = kLtAlignment;
+  for (const auto attribute :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    DPTRAIN_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(preference, attribute, &alignment, sizeof alignment));
   int found = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
       cublas_lt_, plan->op, plan->w, plan->x, plan->y, plan->y, preference, 1, &plan->algo, &found);
@@ -205,9 +236,17 @@ CudaBackend::LinearPlan& CudaBackend::linear_plan(LinearShape s) {
 }
 
 void CudaBackend::linear(const float* x, const float* w, const float* bias, float* y, LinearShape s) {
+  make_current();
   check_size(s.batch * s.in + s.out * s.in, "linear");
+  if (s.batch == 0 || s.out == 0) return;
+  if (s.in == 0) {  // y = bias (or zero) broadcast: cuBLAS refuses leading dimensions of 0
+    cuda::fill(y, s.batch * s.out, 0.0f, compute_);
+    if (bias) cuda::add_bias(y, bias, y, {s.batch, s.out, 1}, /*relu=*/false, compute_);
+    return;
+  }
   const float one = 1, zero = 0;
-  if (bias) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % kLtAlignment == 0; };
+  if (bias && aligned(x) && aligned(w) && aligned(y) && aligned(bias)) {
     LinearPlan& plan = linear_plan(s);
     if (plan.usable) {
       DPTRAIN_CUBLAS_CHECK(
@@ -227,6 +266,10 @@ void CudaBackend::linear(const float* x, const float* w, const float* bias, floa
 
 void CudaBackend::linear_backward(const float* gy, const float* x, const float* w, float* gx, float* gw,
                                   float* gbias, LinearShape s) {
+  make_current();
+  if (s.batch == 0 || s.out == 0) return;  // no gradient flows
+  if (gbias) bias_gradient(gy, gbias, {s.batch, s.out, 1}, compute_);
+  if (s.in == 0) return;
   const float one = 1;
   const int batch = static_cast<int>(s.batch), in = static_cast<int>(s.in), out = static_cast<int>(s.out);
   // gx [batch, in] += gy [batch, out] w [out, in]: gx^T = w^T gy^T.
@@ -237,14 +280,15 @@ void CudaBackend::linear_backward(const float* gy, const float* x, const float* 
   if (gw)
     DPTRAIN_CUBLAS_CHECK(
         cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, in, out, batch, &one, x, in, gy, out, &one, gw, in));
-  if (gbias) bias_gradient(gy, gbias, {s.batch, s.out, 1}, compute_);
 }
 
 void CudaBackend::add_bias(const float* x, const float* bias, float* y, BiasShape s) {
+  make_current();
   cuda::add_bias(x, bias, y, s, /*relu=*/false, compute_);
 }
 
 void CudaBackend::add_bias_backward(const float* gy, float* gx, float* gbias, BiasShape s) {
+  make_current();
   if (gx) cuda::add(gy, gx, s.outer * s.channels * s.inner, compute_);
   if (gbias) bias_gradient(gy, gbias, s, compute_);
 }
@@ -258,6 +302,8 @@ struct CudaBackend::ConvPlan {
   cudnnConvolutionFwdAlgo_t forward{};
   cudnnConvolutionBwdDataAlgo_t backward_data{};
   cudnnConvolutionBwdFilterAlgo_t backward_filter{};
+  // Each algorithm runs with the math type cuDNN chose it for (they differ when TF32 is allowed).
+  cudnnMathType_t forward_math{}, data_math{}, filter_math{};
   std::size_t forward_workspace = 0, data_workspace = 0, filter_workspace = 0;
   ~ConvPlan() {
     if (x) cudnnDestroyTensorDescriptor(x);
@@ -287,12 +333,13 @@ const Perf& pick(const Perf* results, int count, bool deterministic, const char*
 }  // namespace
 
 CudaBackend::ConvPlan& CudaBackend::conv_plan(const Conv2dGeometry& g) {
-  auto& plan = conv_plans_[{g.batch, g.channels, g.height, g.width, g.out_channels, g.kernel_h, g.kernel_w,
-                            g.stride, g.padding}];
-  if (plan) return *plan;
+  const auto key = std::make_tuple(g.batch, g.channels, g.height, g.width, g.out_channels, g.kernel_h,
+                                   g.kernel_w, g.stride, g.padding);
+  if (const auto found = conv_plans_.find(key); found != conv_plans_.end()) return *found->second;
   check_size(g.batch * g.channels * g.height * g.width, "conv2d input");
   check_size(g.batch * g.out_channels * g.out_h * g.out_w, "conv2d output");
-  plan = std::make_unique<ConvPlan>();
+  // Built aside and kept only once complete: a shape whose algorithms cannot be chosen stays unplanned.
+  auto plan = std::make_unique<ConvPlan>();
   const auto i = [](int64_t v) { return static_cast<int>(v); };
   DPTRAIN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&plan->x));
   DPTRAIN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(g.batch),
@@ -319,27 +366,33 @@ CudaBackend::ConvPlan& CudaBackend::conv_plan(const Conv2dGeometry& g) {
                                                              kCandidates, &count, forward));
   const auto& f = pick(forward, count, options_.deterministic, "forward");
   plan->forward = f.algo;
+  plan->forward_math = f.mathType;
   plan->forward_workspace = f.memory;
   cudnnConvolutionBwdDataAlgoPerf_t data[kCandidates];
   DPTRAIN_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn_, plan->w, plan->y, plan->conv,
                                                                   plan->x, kCandidates, &count, data));
   const auto& d = pick(data, count, options_.deterministic, "backward-data");
   plan->backward_data = d.algo;
+  plan->data_math = d.mathType;
   plan->data_workspace = d.memory;
   cudnnConvolutionBwdFilterAlgoPerf_t filter[kCandidates];
   DPTRAIN_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnn_, plan->x, plan->y, plan->conv,
                                                                     plan->w, kCandidates, &count, filter));
   const auto& w = pick(filter, count, options_.deterministic, "backward-filter");
   plan->backward_filter = w.algo;
+  plan->filter_math = w.mathType;
   plan->filter_workspace = w.memory;
-  return *plan;
+  return *conv_plans_.emplace(key, std::move(plan)).first->second;
 }
 
 void CudaBackend::conv2d(const float* x, const float* w, const float* bias, float* y,
                          const Conv2dGeometry& g) {
+  make_current();
+  if (g.batch == 0) return;
   ConvPlan& plan = conv_plan(g);
   const float one = 1, zero = 0;
   void* workspace = scratch(workspace_, plan.forward_workspace);
+  DPTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(plan.conv, plan.forward_math));
   DPTRAIN_CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, plan.x, x, plan.w, w, plan.conv, plan.forward,
                                               workspace, plan.forward_workspace, &zero, plan.y, y));
   // The bias and the fused ReLU in one pass over the output.
@@ -349,6 +402,8 @@ void CudaBackend::conv2d(const float* x, const float* w, const float* bias, floa
 
 void CudaBackend::conv2d_backward(const float* gy, const float* x, const float* w, const float* y, float* gx,
                                   float* gw, float* gbias, const Conv2dGeometry& g) {
+  make_current();
+  if (g.batch == 0) return;
   ConvPlan& plan = conv_plan(g);
   const int64_t n = g.batch * g.out_channels * g.out_h * g.out_w;
   const float* grad = gy;
@@ -361,12 +416,14 @@ void CudaBackend::conv2d_backward(const float* gy, const float* x, const float* 
   const float one = 1;
   if (gw) {
     void* workspace = scratch(workspace_, plan.filter_workspace);
+    DPTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(plan.conv, plan.filter_math));
     DPTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, plan.x, x, plan.y, grad, plan.conv,
                                                        plan.backward_filter, workspace, plan.filter_workspace,
                                                        &one, plan.w, gw));
   }
   if (gx) {
     void* workspace = scratch(workspace_, plan.data_workspace);
+    DPTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(plan.conv, plan.data_math));
     DPTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, plan.w, w, plan.y, grad, plan.conv,
                                                      plan.backward_data, workspace, plan.data_workspace, &one,
                                                      plan.x, gx));
@@ -376,29 +433,37 @@ void CudaBackend::conv2d_backward(const float* gy, const float* x, const float* 
 // ---- pooling and pointwise: cuda/kernels.cu ----
 
 void CudaBackend::maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& g) {
+  make_current();
   cuda::maxpool2d(x, y, argmax, g, compute_);
 }
 void CudaBackend::maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx,
                                      const Pool2dGeometry& g) {
+  make_current();
   cuda::maxpool2d_backward(gy, argmax, gx, g, compute_);
 }
 void CudaBackend::activation(Activation f, const float* x, float* y, int64_t n) {
+  make_current();
   cuda::activation(f, x, y, n, compute_);
 }
 void CudaBackend::activation_backward(Activation f, const float* x, const float* y, const float* gy,
                                       float* gx, int64_t n) {
+  make_current();
   cuda::activation_backward(f, x, y, gy, gx, n, compute_);
 }
 void CudaBackend::dropout(const float* x, float* y, float* mask, int64_t n, float p, uint64_t rng_state) {
+  make_current();
   cuda::dropout(x, y, mask, n, p, rng_state, compute_);
 }
 void CudaBackend::dropout_backward(const float* gy, const float* mask, float* gx, int64_t n) {
+  make_current();
   cuda::dropout_backward(gy, mask, gx, n, compute_);
 }
 void CudaBackend::add(const float* x, float* y, int64_t n) {
+  make_current();
   cuda::add(x, y, n, compute_);
 }
 void CudaBackend::add_scalar(float* y, int64_t n, float value) {
+  make_current();
   cuda::add_scalar(y, n, value, compute_);
 }
 
@@ -413,6 +478,7 @@ const int32_t* CudaBackend::upload_labels(std::span<const int32_t> labels) {
 
 void CudaBackend::cross_entropy(const float* logits, std::span<const int32_t> labels, float* probs,
                                 float* loss, int64_t batch, int64_t classes) {
+  make_current();
   const int32_t* device_labels = upload_labels(labels);
   auto* row_loss = static_cast<float*>(scratch(row_loss_, sizeof(float) * batch));
   softmax_cross_entropy(logits, device_labels, probs, row_loss, batch, classes, compute_);
@@ -422,40 +488,48 @@ void CudaBackend::cross_entropy(const float* logits, std::span<const int32_t> la
 
 void CudaBackend::cross_entropy_backward(const float* probs, std::span<const int32_t> labels,
                                          const float* gloss, float* glogits, int64_t batch, int64_t classes) {
+  make_current();
   // Uploaded again: another forward (an evaluation) may have replaced the forward's labels since.
   cuda::cross_entropy_backward(probs, upload_labels(labels), gloss, glogits, batch, classes, compute_);
 }
 
 void CudaBackend::mse(const float* prediction, const float* target, float* loss, int64_t n) {
+  make_current();
   reduce_sum(prediction, target, n, 1.0 / static_cast<double>(n),
              static_cast<double*>(scratch(partials_, sizeof(double) * kReductionBlocks)), loss, compute_);
 }
 
 void CudaBackend::mse_backward(const float* prediction, const float* target, const float* gloss,
                                float* gprediction, int64_t n) {
+  make_current();
   cuda::mse_backward(prediction, target, gloss, gprediction, n, compute_);
 }
 
 void CudaBackend::sum(const float* x, float* out, int64_t n) {
+  make_current();
   reduce_sum(x, nullptr, n, 1.0, static_cast<double*>(scratch(partials_, sizeof(double) * kReductionBlocks)),
              out, compute_);
 }
 
 void CudaBackend::sum_backward(const float* gout, float* gx, int64_t n) {
+  make_current();
   add_device_scalar(gout, gx, n, compute_);
 }
 
 // ---- gradient reduction and optimizers ----
 
 void CudaBackend::to_half(const float* x, uint16_t* y, int64_t n, float scale, HalfFormat format) {
+  make_current();
   floats_to_halves(x, y, n, scale, format, compute_);
 }
 
 void CudaBackend::from_half(const uint16_t* x, float* y, int64_t n, HalfFormat format) {
+  make_current();
   halves_to_floats(x, y, n, format, compute_);
 }
 
 bool CudaBackend::all_finite(const float* x, int64_t n) {
+  make_current();
   auto* flag = static_cast<int32_t*>(scratch(flag_, sizeof(int32_t)));
   DPTRAIN_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int32_t), compute_));
   flag_non_finite(x, n, flag, compute_);
@@ -466,11 +540,13 @@ bool CudaBackend::all_finite(const float* x, int64_t n) {
 
 void CudaBackend::sgd_step(float* params, const float* grads, float* momentum_buffer, int64_t n,
                            const SgdStep& s) {
+  make_current();
   cuda::sgd_step(params, grads, momentum_buffer, n, s, compute_);
 }
 
 void CudaBackend::adam_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, int64_t n,
                             const AdamStep& s) {
+  make_current();
   cuda::adam_step(params, grads, exp_avg, exp_avg_sq, n, s, compute_);
 }
 

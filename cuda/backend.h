@@ -1,10 +1,11 @@
 // The CUDA backend: the Backend table (core/backend.h) on one GPU. Dense algebra on cuBLAS (cuBLASLt
 // with the bias in the GEMM's epilogue for linear), convolutions on cuDNN 9's convolution API with
 // algorithms chosen once per shape, everything else on the kernels of cuda/kernels.cu. Work runs
-// in order on one compute stream; host-to-device copies go through pinned buffers on a copy stream
-// that the compute stream waits for, so a batch uploads while the previous step computes. Memory
-// is stream-ordered (cudaMallocAsync on a pool that keeps what is freed), so a steady-state step
-// calls the driver's allocator zero times and a block is reused only in stream order.
+// in order on one compute stream; host-to-device copies go through two pinned buffers on a copy
+// stream, asynchronously for the host (which fills the next buffer meanwhile), ordered after the
+// compute work queued before them and before the work queued after. Memory is stream-ordered
+// (cudaMallocAsync on a pool that keeps what is freed), so a steady-state step calls the driver's
+// allocator zero times and a block is reused only in stream order.
 // Internal to cuda/: the trainer reaches it through backend_for(Device::cuda(i)).
 #pragma once
 
@@ -88,6 +89,7 @@ class CudaBackend final : public Backend {
     void* data = nullptr;
     std::size_t bytes = 0;
   };
+  void make_current() const;
   void* scratch(Scratch& s, std::size_t bytes);
   // A pinned host buffer that grows; `done` is recorded after the last copy that used it.
   struct Pinned {

@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+
 #include "core/error.h"
 
 namespace dptrain::cuda {
@@ -24,6 +26,9 @@ int choose_device(int local_rank, int local_size, bool share) {
   const DeviceProbe probe = probe_devices();
   DPTRAIN_CHECK(probe.count > 0, "device \"cuda\": no usable GPU (", probe.reason,
                 "); run on a GPU machine or set device to \"cpu\"");
+  // A launcher that gives every rank a GPU of its own (Slurm's --gpus-per-task=1) shows each rank
+  // one device through CUDA_VISIBLE_DEVICES: that one is this rank's.
+  if (probe.count == 1 && std::getenv("CUDA_VISIBLE_DEVICES") != nullptr) return 0;
   DPTRAIN_CHECK(share || local_size <= probe.count, "device \"cuda\": ", local_size,
                 " ranks on this host but ", probe.count,
                 " GPU(s); NCCL needs a GPU per rank: start at most that many ranks per host, or set "

@@ -14,7 +14,8 @@ DeviceProbe probe_devices();
 
 // The GPU of the rank with `local_rank` among `local_size` ranks on this host: its local rank. More
 // ranks than GPUs is an error naming both counts, unless `share` (several ranks per GPU, for the
-// MPI fallback of distributed.backend "mpi"): then local_rank modulo the count. Throws, with the
+// MPI fallback of distributed.backend "mpi"): then local_rank modulo the count; or unless each
+// rank sees a GPU of its own (CUDA_VISIBLE_DEVICES set, one device visible). Throws, with the
 // driver's reason, when there is no GPU.
 int choose_device(int local_rank, int local_size, bool share);
 

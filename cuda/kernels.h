@@ -1,8 +1,9 @@
 // The CUDA backend's own kernels: everything the backend table needs that is not a cuBLAS GEMM or a
 // cuDNN convolution. Each launches on `stream` and returns without waiting; shapes follow the
 // Backend interface (core/backend.h), and numerics follow the CPU backend where they can be equal
-// (pooling winners and their gradient order, dropout masks, casts, update rules: bitwise) and the
-// reference within rounding elsewhere (float math in another order). Internal to cuda/.
+// (pooling winners and their gradient order, dropout masks, casts: bitwise) and the reference within
+// rounding elsewhere (float math in another order; the update rules are the CPU's source, but nvcc
+// and GCC may fuse different multiply-adds). Internal to cuda/.
 #pragma once
 
 #include <cuda_runtime.h>

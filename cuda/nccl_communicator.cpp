@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <thread>
 
@@ -90,9 +91,9 @@ struct NcclWatchdog {
   [[noreturn]] void abort(const std::string& message) {
     std::fprintf(stderr, "dptrain: error on rank %d: %s\n", rank, message.c_str());
     std::fflush(stderr);
-    // Unblocks this rank's kernels stuck in the collective; the process then ends without
-    // MPI_Finalize, which makes mpirun stop the whole job.
-    ncclCommAbort(comm);
+    // Ending the process releases the GPU and its stuck kernels; ncclCommAbort from this thread
+    // would race the main thread inside NCCL, and it has been seen to hang (NVIDIA/nccl#829). An
+    // exit without MPI_Finalize makes mpirun stop the whole job.
     std::_Exit(1);
   }
 
@@ -161,6 +162,9 @@ void NcclCommunicator::init(const ncclUniqueId& id, distributed::StallPolicy sta
 
 NcclCommunicator::~NcclCommunicator() {
   watchdog_.reset();
+  // Unwinding from an error, a collective may never finish: waiting for it, or destroying the
+  // communicator under it, would hang where the job is about to stop anyway. Left to the exit.
+  if (std::uncaught_exceptions() > 0) return;
   if (stream_) cudaStreamSynchronize(stream_);
   if (comm_) ncclCommDestroy(comm_);
   if (compute_ready_) cudaEventDestroy(compute_ready_);

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# On a GPU machine: the trainer's own step (build/bench/train_bench, device "cuda") against PyTorch
+# eager (bench/torch_gpu_bench.py) in the same call, CNN and MLP at batch 128 and 1024, median of
+# repetitions each, and the ratio; then the wall time of 5 MNIST epochs of configs/mnist.json, ours
+# and PyTorch's. Needs a build with the CUDA backend (or the GPU bundle: scripts/gpu_bundle.sh) and
+# python3 with torch.
+#
+#   bench/gpu_vs_pytorch.sh [--bin DIR] [--data DIR] [--steps N] [--reps N] [--no-epochs]
+set -euo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bin="$repo_root/build" data="$repo_root/data/mnist" steps=200 reps=5 epochs=1
+while (($#)); do
+  case "$1" in
+    --bin) bin="$2"; shift 2 ;;
+    --data) data="$2"; shift 2 ;;
+    --steps) steps="$2"; shift 2 ;;
+    --reps) reps="$2"; shift 2 ;;
+    --no-epochs) epochs=0; shift ;;
+    *) echo "gpu_vs_pytorch.sh: unknown option '$1'" >&2; exit 2 ;;
+  esac
+done
+train_bench=$(ls "$bin/bench/train_bench" "$bin/train_bench" 2>/dev/null | head -1)
+trainer=$(ls "$bin/trainer" 2>/dev/null | head -1)
+[[ -x "$train_bench" && -x "$trainer" ]] || { echo "gpu_vs_pytorch.sh: no train_bench / trainer under $bin" >&2; exit 1; }
+value() { sed -n 's/^RESULT //p' | python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
+
+printf '%-5s %6s %14s %14s %7s\n' model batch "ours samples/s" "torch samples/s" ratio
+for model in cnn mlp; do
+  config="$repo_root/configs/mnist.json"
+  [[ $model == mlp ]] && config="$repo_root/configs/mnist_mlp.json"
+  for batch in 128 1024; do
+    ours=$("$train_bench" --config "$config" --set device=cuda --set "data.dir=\"$data\"" --batch "$batch" \
+             --warmup 50 --steps "$steps" --reps "$reps" | value samples_per_sec)
+    torch=$(python3 "$repo_root/bench/torch_gpu_bench.py" --model "$model" --data "$data" --batch "$batch" \
+              --steps "$steps" --reps "$reps" | value samples_per_sec)
+    python3 -c "o, t = $ours, $torch; print(f'{\"$model\":<5} {$batch:>6} {o:>14,.0f} {t:>14,.0f} {o / t:>7.2f}')"
+  done
+done
+
+if ((epochs)); then
+  start=$(date +%s.%N)
+  "$trainer" --config "$repo_root/configs/mnist.json" --set device=cuda --set "data.dir=\"$data\"" \
+    --set output_dir=\"/tmp/gpu_vs_pytorch\" --set training.progress=off | grep "^epoch"
+  ours_s=$(python3 -c "import time; print(f'{time.time() - $start:.1f}')")
+  torch_s=$(python3 "$repo_root/bench/torch_gpu_bench.py" --model cnn --data "$data" --epochs 5 | value seconds)
+  echo "5 MNIST epochs (configs/mnist.json): ours ${ours_s} s, PyTorch eager ${torch_s} s"
+fi
