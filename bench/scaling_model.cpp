@@ -329,18 +329,25 @@ void print_predictions(const std::vector<Json>& runs, const Json& base, const Li
   if (!options.csv_path.empty()) write_csv(options.csv_path, table);
 }
 
+// "resnet50 from configs/resnet50_synthetic.json": the swept model by architecture, else by config.
+std::string measured_model_name(const Json& base) {
+  const std::string config = base.value("config", std::string("the swept config"));
+  const std::string model = base.value("model", std::string("layers"));
+  return (model == "layers" ? std::string("model") : model) + " of " + config;
+}
+
 // A cluster has one rank per host, so the local terms are the 1-rank run's.
 void print_extrapolation(const Json& base, double conversion, const Options& options) {
   const Json& s1 = base.at("step_ms");
   const double step1_s = s1.at("total").get<double>() / 1e3;
   const double backward_fraction = number_or(base, "backward_fraction", 0.65);
   const Link net{options.link_latency_us * 1e-6, options.link_gbit * 1e9 / 8, conversion};
-  std::vector<double> cnn_buckets;
+  std::vector<double> measured_buckets;
   if (base.contains("bucket_bytes") && truthy(base.at("bucket_bytes")))
-    cnn_buckets = buckets_of(base);
+    measured_buckets = buckets_of(base);
   else
-    cnn_buckets = {4 * base.at("parameters").get<double>()};
-  const double cnn_compute = s1.at("compute").get<double>() / 1e3;
+    measured_buckets = {4 * base.at("parameters").get<double>()};
+  const double measured_compute = s1.at("compute").get<double>() / 1e3;
   struct Model {
     std::string name;
     std::vector<double> buckets;
@@ -348,10 +355,11 @@ void print_extrapolation(const Json& base, double conversion, const Options& opt
     double rest_s;
   };
   const std::vector<Model> models{
-      {"MNIST CNN (" + with_thousands_separators(base.at("parameters")) + " parameters, " +
-           formatted("%.1f", cnn_compute * 1e3) + " ms compute per step measured here)",
-       cnn_buckets, cnn_compute, step1_s - cnn_compute},
-      {formatted("ResNet-50 (25.6 M parameters, %g ms compute per step given)", options.resnet_compute_ms),
+      {measured_model_name(base) + " (" + with_thousands_separators(base.at("parameters")) + " parameters, " +
+           formatted("%.1f", measured_compute * 1e3) + " ms compute per step measured here, its buckets)",
+       measured_buckets, measured_compute, step1_s - measured_compute},
+      {formatted("ResNet-50 (25.6 M parameters, %g ms compute per step given: an accelerator's)",
+                 options.resnet_compute_ms),
        buckets_for(4 * kResnet50Parameters, 4, 1), options.resnet_compute_ms / 1e3, 0.0},
   };
   std::printf(

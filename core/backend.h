@@ -47,10 +47,25 @@ struct Conv2dGeometry {
   int64_t patch() const { return channels * kernel_h * kernel_w; }  // inputs per output element
   int64_t pixels() const { return out_h * out_w; }                  // outputs per sample and channel
 };
-// Max pooling of `planes` planes [height, width] -> [out_h, out_w], no padding.
+// Max pooling of `planes` planes [height, width] -> [out_h, out_w]; window (i, j) covers input rows
+// i * stride - padding + [0, kernel) (and columns alike), positions outside the plane taking no part
+// (PyTorch's implicit -inf padding).
 struct Pool2dGeometry {
   int64_t planes, height, width, out_h, out_w;
-  int kernel, stride;
+  int kernel, stride, padding;
+};
+// Batch normalisation of x [batch, channels, inner] per channel over batch and inner (inner = H*W).
+// Its statistics travel in small device buffers so that SyncBatchNorm can add them across ranks
+// between kernels (PyTorch's batch_norm_stats / _elemt / _backward_reduce / _backward_elemt split).
+// The sums are double: N ranks' partial sums added in double round to the same float statistics as
+// one rank's sum over the whole batch (all but about one value in 10^8), so SyncBN on N ranks
+// normalises exactly as one rank would, and its outputs do not land on the other side of a ReLU.
+//   sums [channels + 1]:   sum of x per channel, then the element count per channel
+//   squares [channels]:    sum of (x - mean)^2 per channel, mean = sum / count
+//   stats [2 * channels]:  mean, then invstd = 1 / sqrt(var + eps), what normalisation used
+//   grad_sums [2 * channels]: sum of gy, then sum of gy * (x - mean), per channel
+struct BatchNormShape {
+  int64_t batch, channels, inner;
 };
 
 enum class Activation { kRelu, kTanh, kSigmoid };
@@ -94,6 +109,36 @@ class Backend {
   virtual void maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& g) = 0;
   virtual void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx,
                                   const Pool2dGeometry& g) = 0;
+
+  // ---- batch normalisation (buffers as in BatchNormShape) ----
+  virtual void batchnorm_sums(const float* x, double* sums, BatchNormShape s) = 0;
+  virtual void batchnorm_squares(const float* x, const double* sums, double* squares, BatchNormShape s) = 0;
+  // Training: stats from sums and squares (biased variance); running_mean / running_var, when not
+  // null, move by `momentum` towards the batch's mean and unbiased variance (count / (count - 1)).
+  virtual void batchnorm_batch_stats(const double* sums, const double* squares, float* stats,
+                                     float* running_mean, float* running_var, int64_t channels, float eps,
+                                     float momentum) = 0;
+  // Evaluation: stats from the running estimates.
+  virtual void batchnorm_running_stats(const float* running_mean, const float* running_var, float* stats,
+                                       int64_t channels, float eps) = 0;
+  // y = (x - mean) * invstd * gamma + beta
+  virtual void batchnorm_normalize(const float* x, const float* stats, const float* gamma, const float* beta,
+                                   float* y, BatchNormShape s) = 0;
+  // grad_sums from gy and x; ggamma += sum gy (x - mean) invstd, gbeta += sum gy (either may be null).
+  virtual void batchnorm_backward_reduce(const float* gy, const float* x, const float* stats,
+                                         double* grad_sums, float* ggamma, float* gbeta,
+                                         BatchNormShape s) = 0;
+  // With grad_sums (batch statistics; count = sums[channels]):
+  //   gx += gamma invstd (gy - sum_gy / count - (x - mean) invstd^2 sum_gy_xmu / count);
+  // with grad_sums and sums null (fixed statistics, evaluation mode): gx += gamma invstd gy.
+  virtual void batchnorm_backward_input(const float* gy, const float* x, const float* stats,
+                                        const float* gamma, const double* grad_sums, const double* sums,
+                                        float* gx, BatchNormShape s) = 0;
+
+  // ---- global average pooling: y [planes] = mean of each plane of `plane_size` elements ----
+  virtual void mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size) = 0;
+  virtual void mean_planes_backward(const float* gy, float* gx, int64_t planes,
+                                    int64_t plane_size) = 0;  // gx += gy / plane_size
 
   // ---- pointwise ----
   virtual void activation(Activation f, const float* x, float* y, int64_t n) = 0;

@@ -113,19 +113,22 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dO
   return out;
 }
 
-Tensor maxpool2d(const Tensor& x, int kernel, int stride) {
+Tensor maxpool2d(const Tensor& x, int kernel, int stride, int padding) {
   Backend& backend = backend_of("maxpool2d", {&x});
   DPTRAIN_CHECK(x.ndim() == 4, "maxpool2d: input must be [B, C, H, W], got ", shape_str(x.shape()));
   DPTRAIN_CHECK(kernel >= 1 && stride >= 1, "maxpool2d: kernel and stride must be >= 1");
-  DPTRAIN_CHECK(x.dim(2) >= kernel && x.dim(3) >= kernel, "maxpool2d: kernel ", kernel, " larger than input ",
-                shape_str(x.shape()));
+  DPTRAIN_CHECK(padding >= 0 && 2 * padding <= kernel, "maxpool2d: padding ", padding,
+                " must lie in [0, kernel / 2] (kernel ", kernel, ")");
+  DPTRAIN_CHECK(x.dim(2) + 2 * padding >= kernel && x.dim(3) + 2 * padding >= kernel, "maxpool2d: kernel ",
+                kernel, " larger than input ", shape_str(x.shape()), " with padding ", padding);
   const Pool2dGeometry g{x.dim(0) * x.dim(1),
                          x.dim(2),
                          x.dim(3),
-                         (x.dim(2) - kernel) / stride + 1,
-                         (x.dim(3) - kernel) / stride + 1,
+                         (x.dim(2) + 2 * padding - kernel) / stride + 1,
+                         (x.dim(3) + 2 * padding - kernel) / stride + 1,
                          kernel,
-                         stride};
+                         stride,
+                         padding};
   Tensor out = Tensor::empty({x.dim(0), x.dim(1), g.out_h, g.out_w}, x.device());
   const bool track = autograd::any_requires_grad({&x});
   // Position of each output's winner within its input plane, kept for backward.
@@ -134,6 +137,97 @@ Tensor maxpool2d(const Tensor& x, int kernel, int stride) {
   if (track) {
     autograd::record(out, {&x}, [&backend, x, out, argmax, g] {
       backend.maxpool2d_backward(out.grad_ptr(), argmax->as<int32_t>(), x.grad_ptr(), g);
+    });
+  }
+  return out;
+}
+
+Tensor global_avgpool(const Tensor& x) {
+  Backend& backend = backend_of("global_avgpool", {&x});
+  DPTRAIN_CHECK(x.ndim() == 4, "global_avgpool: input must be [B, C, H, W], got ", shape_str(x.shape()));
+  const int64_t planes = x.dim(0) * x.dim(1), plane_size = x.dim(2) * x.dim(3);
+  DPTRAIN_CHECK(plane_size > 0, "global_avgpool: empty planes in ", shape_str(x.shape()));
+  Tensor out = Tensor::empty({x.dim(0), x.dim(1)}, x.device());
+  backend.mean_planes(x.data_ptr(), out.data_ptr(), planes, plane_size);
+  if (autograd::any_requires_grad({&x})) {
+    autograd::record(out, {&x}, [&backend, x, out, planes, plane_size] {
+      backend.mean_planes_backward(out.grad_ptr(), x.grad_ptr(), planes, plane_size);
+    });
+  }
+  return out;
+}
+
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                  const Tensor& running_var, const BatchNormOptions& o) {
+  Backend& backend = backend_of("batch_norm", {&x, &weight, &bias, &running_mean, &running_var});
+  DPTRAIN_CHECK(x.ndim() >= 2, "batch_norm: input must be [B, C, ...], got ", shape_str(x.shape()));
+  const int64_t channels = x.dim(1);
+  const auto per_channel = [&](const Tensor& t) { return t.ndim() == 1 && t.dim(0) == channels; };
+  DPTRAIN_CHECK(weight.defined() && bias.defined() && per_channel(weight) && per_channel(bias),
+                "batch_norm: weight and bias must be [", channels, "] for input ", shape_str(x.shape()));
+  DPTRAIN_CHECK(running_mean.defined() == running_var.defined() &&
+                    (!running_mean.defined() || (per_channel(running_mean) && per_channel(running_var))),
+                "batch_norm: running_mean and running_var must both be [", channels, "] or both absent");
+  DPTRAIN_CHECK(o.training || running_mean.defined(), "batch_norm: evaluation needs running statistics");
+  const BatchNormShape s{x.dim(0), channels,
+                         x.dim(0) * channels == 0 ? 0 : x.numel() / (x.dim(0) * channels)};
+  DPTRAIN_CHECK(!o.training || s.batch * s.inner > 1, "batch_norm: ", s.batch * s.inner,
+                " value(s) per channel in training mode (input ", shape_str(x.shape()),
+                "); a variance needs more than 1");
+  const Device device = x.device();
+  StoragePtr sums = make_storage(sizeof(double) * (channels + 1), device);
+  StoragePtr stats = make_storage(sizeof(float) * 2 * channels, device);
+  if (o.training) {
+    StoragePtr squares = make_storage(sizeof(double) * channels, device);
+    backend.batchnorm_sums(x.data_ptr(), sums->as<double>(), s);
+    if (o.sync) o.sync->sum(sums->as<double>(), channels + 1, device, "SyncBatchNorm sums");
+    backend.batchnorm_squares(x.data_ptr(), sums->as<double>(), squares->as<double>(), s);
+    if (o.sync) o.sync->sum(squares->as<double>(), channels, device, "SyncBatchNorm squares");
+    backend.batchnorm_batch_stats(sums->as<double>(), squares->as<double>(), stats->as<float>(),
+                                  running_mean.defined() ? running_mean.data_ptr() : nullptr,
+                                  running_var.defined() ? running_var.data_ptr() : nullptr, channels, o.eps,
+                                  o.momentum);
+  } else {
+    backend.batchnorm_running_stats(running_mean.data_ptr(), running_var.data_ptr(), stats->as<float>(),
+                                    channels, o.eps);
+  }
+  Tensor out = Tensor::empty(x.shape(), device);
+  backend.batchnorm_normalize(x.data_ptr(), stats->as<float>(), weight.data_ptr(), bias.data_ptr(),
+                              out.data_ptr(), s);
+  if (autograd::any_requires_grad({&x, &weight, &bias})) {
+    const bool training = o.training;
+    CrossReplicaSum* sync = o.sync;
+    autograd::record(
+        out, {&x, &weight, &bias}, [&backend, x, weight, bias, out, sums, stats, s, training, sync] {
+          StoragePtr grad_sums = make_storage(sizeof(double) * 2 * s.channels, x.device());
+          // weight and bias take this replica's sums: the gradient reduction adds the replicas' later.
+          backend.batchnorm_backward_reduce(out.grad_ptr(), x.data_ptr(), stats->as<float>(),
+                                            grad_sums->as<double>(), grad_if_wanted(weight),
+                                            grad_if_wanted(bias), s);
+          if (!x.requires_grad()) return;
+          // The input gradient sees the whole batch's sums: each rank's gy holds only its own loss's part.
+          if (training && sync)
+            sync->sum(grad_sums->as<double>(), 2 * s.channels, x.device(), "SyncBatchNorm grad sums");
+          backend.batchnorm_backward_input(out.grad_ptr(), x.data_ptr(), stats->as<float>(),
+                                           weight.data_ptr(), training ? grad_sums->as<double>() : nullptr,
+                                           training ? sums->as<double>() : nullptr, x.grad_ptr(), s);
+        });
+  }
+  return out;
+}
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  Backend& backend = backend_of("add", {&a, &b});
+  DPTRAIN_CHECK(a.shape() == b.shape(), "add: shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
+                " differ");
+  const int64_t n = a.numel();
+  Tensor out = Tensor::empty(a.shape(), a.device());
+  backend.copy(out.data_ptr(), a.data_ptr(), sizeof(float) * n);
+  backend.add(b.data_ptr(), out.data_ptr(), n);
+  if (autograd::any_requires_grad({&a, &b})) {
+    autograd::record(out, {&a, &b}, [&backend, a, b, out, n] {
+      if (a.requires_grad()) backend.add(out.grad_ptr(), a.grad_ptr(), n);
+      if (b.requires_grad()) backend.add(out.grad_ptr(), b.grad_ptr(), n);
     });
   }
   return out;

@@ -28,9 +28,37 @@ struct Conv2dOptions {
 };
 // x [B, C, H, W], weight [O, C, KH, KW], bias [O] (may be undefined) -> [B, O, OH, OW]
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dOptions options = {});
-// x [B, C, H, W] -> [B, C, OH, OW]; no padding; ties send the gradient to the first maximum
-// in row-major window order, as PyTorch does.
-Tensor maxpool2d(const Tensor& x, int kernel, int stride);
+// x [B, C, H, W] -> [B, C, OH, OW], OH = (H + 2 padding - kernel) / stride + 1; padding takes no
+// part in the maximum (padding <= kernel / 2, as PyTorch requires). Ties send the gradient to the
+// first maximum in row-major window order, as PyTorch does.
+Tensor maxpool2d(const Tensor& x, int kernel, int stride, int padding = 0);
+// x [B, C, H, W] -> [B, C]: the mean of each plane (PyTorch's AdaptiveAvgPool2d(1) + flatten).
+Tensor global_avgpool(const Tensor& x);
+
+// Sums per-channel statistics over the replicas of a data-parallel job, for SyncBatchNorm. The
+// trainer provides one over its communicator; ops and layers see only this.
+class CrossReplicaSum {
+ public:
+  virtual ~CrossReplicaSum() = default;
+  // Replaces the n doubles at `values` (memory of `device`) by their sum over every replica. All
+  // replicas call it at the same points of forward and backward with the same n.
+  virtual void sum(double* values, int64_t n, Device device, const char* what) = 0;
+};
+
+struct BatchNormOptions {
+  bool training = true;
+  float momentum = 0.1f;
+  float eps = 1e-5f;
+  CrossReplicaSum* sync = nullptr;  // training with it: statistics over every replica's batch
+};
+// x [B, C, ...] normalised per channel (PyTorch's batch_norm): training uses the batch's mean and
+// biased variance and moves running_mean / running_var (if defined) towards its mean and unbiased
+// variance by `momentum`, in place; evaluation uses the running estimates. weight, bias [C].
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                  const Tensor& running_var, const BatchNormOptions& options);
+
+// a + b, same shapes (residual connections).
+Tensor add(const Tensor& a, const Tensor& b);
 
 Tensor activation(const Tensor& x, Activation f);
 inline Tensor relu(const Tensor& x) {

@@ -4,7 +4,9 @@
 // draws element i of a dropout mask without a sequential pass, and gets the CPU's bits.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <numbers>
 #include <string_view>
 
 #include "core/host_device.h"
@@ -37,6 +39,12 @@ class Rng {
   }
   float uniform() { return uniform_from_bits(next_u64()); }
   float uniform(float lo, float hi) { return lo + (hi - lo) * uniform(); }
+  // Standard normal (Box-Muller on two draws), the same on every platform.
+  double normal() {
+    const double u1 = (static_cast<double>(next_u64() >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+    const double u2 = static_cast<double>(next_u64() >> 11) * 0x1.0p-53;
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+  }
   // Uniform integer in [0, n) without modulo bias worth mentioning for n << 2^64.
   uint64_t below(uint64_t n) {
     return static_cast<uint64_t>((static_cast<unsigned __int128>(next_u64()) * n) >> 64);

@@ -1,8 +1,10 @@
-// safetensors reader and writer (F32 tensors; I32 is read as well, converted to float).
+// safetensors reader and writer: F32 tensors, and I64 for integer counters (held as floats here);
+// I32 is read as well, converted to float.
 #include "core/safetensors.h"
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -42,9 +44,11 @@ std::vector<char> serialize(const std::vector<NamedTensor>& tensors,
   for (const NamedTensor& t : tensors) {
     DPTRAIN_CHECK(t.name != "__metadata__" && !header.contains(t.name),
                   "safetensors: duplicate or reserved name '", t.name, "'");
-    const uint64_t bytes = static_cast<uint64_t>(t.tensor.numel()) * sizeof(float);
-    header[t.name] = {
-        {"dtype", "F32"}, {"shape", t.tensor.shape()}, {"data_offsets", {offset, offset + bytes}}};
+    const bool i64 = t.stored == StoredType::kI64;
+    const uint64_t bytes = static_cast<uint64_t>(t.tensor.numel()) * (i64 ? 8 : 4);
+    header[t.name] = {{"dtype", i64 ? "I64" : "F32"},
+                      {"shape", t.tensor.shape()},
+                      {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -57,6 +61,14 @@ std::vector<char> serialize(const std::vector<NamedTensor>& tensors,
   out.insert(out.end(), text.begin(), text.end());
   static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
   for (const NamedTensor& t : tensors) {
+    if (t.stored == StoredType::kI64) {
+      for (const float v : t.tensor.values()) {
+        const int64_t count = std::llround(v);
+        const char* p = reinterpret_cast<const char*>(&count);
+        out.insert(out.end(), p, p + sizeof count);
+      }
+      continue;
+    }
     const char* p = reinterpret_cast<const char*>(t.tensor.data());
     out.insert(out.end(), p, p + t.tensor.numel() * sizeof(float));
   }
@@ -98,8 +110,9 @@ File parse(const std::vector<char>& bytes, const std::string& source) {
       const std::string dtype = entry.at("dtype").get<std::string>();
       const auto shape = entry.at("shape").get<std::vector<int64_t>>();
       const auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
-      DPTRAIN_CHECK(dtype == "F32" || dtype == "I32", source, ": tensor '", name, "' has dtype ", dtype,
-                    "; only F32 (and I32) are supported");
+      DPTRAIN_CHECK(dtype == "F32" || dtype == "I32" || dtype == "I64", source, ": tensor '", name,
+                    "' has dtype ", dtype, "; only F32 (and I32, I64 counters) are supported");
+      const uint64_t element_bytes = dtype == "I64" ? 8 : 4;
       DPTRAIN_CHECK(offsets.size() == 2 && offsets[0] <= offsets[1] && offsets[1] <= data_size, source,
                     ": tensor '", name, "' data_offsets out of range (data section is ", data_size,
                     " bytes)");
@@ -110,14 +123,20 @@ File parse(const std::vector<char>& bytes, const std::string& source) {
             source, ": tensor '", name, "' has an invalid shape");
         numel *= static_cast<uint64_t>(d);
       }
-      DPTRAIN_CHECK(offsets[1] - offsets[0] == numel * 4, source, ": tensor '", name, "' shape ",
-                    shape_str(shape), " needs ", numel * 4, " bytes but its offsets span ",
+      DPTRAIN_CHECK(offsets[1] - offsets[0] == numel * element_bytes, source, ": tensor '", name, "' shape ",
+                    shape_str(shape), " needs ", numel * element_bytes, " bytes but its offsets span ",
                     offsets[1] - offsets[0]);
       spans.push_back({offsets[0], offsets[1], name});
       Tensor t = Tensor::empty(shape);
       const char* src = bytes.data() + data_begin + offsets[0];
       if (dtype == "F32") {
         std::memcpy(t.data(), src, numel * 4);
+      } else if (dtype == "I64") {
+        for (uint64_t i = 0; i < numel; ++i) {
+          int64_t v;
+          std::memcpy(&v, src + 8 * i, 8);
+          t.data()[i] = static_cast<float>(v);
+        }
       } else {
         for (uint64_t i = 0; i < numel; ++i) {
           int32_t v;
@@ -125,7 +144,7 @@ File parse(const std::vector<char>& bytes, const std::string& source) {
           t.data()[i] = static_cast<float>(v);
         }
       }
-      file.tensors.push_back({name, std::move(t)});
+      file.tensors.push_back({name, std::move(t), dtype == "I64" ? StoredType::kI64 : StoredType::kF32});
     } catch (const json::exception& e) {
       DPTRAIN_FAIL(source, ": tensor '", name, "' has a malformed entry: ", e.what());
     }

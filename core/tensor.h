@@ -122,10 +122,15 @@ class Tensor {
   std::shared_ptr<TensorImpl> impl_;
 };
 
+// How a tensor is stored in files: float32, or int64 for the counters PyTorch keeps as integers
+// (BatchNorm's num_batches_tracked), so state dicts load with strict=True both ways.
+enum class StoredType { kF32, kI64 };
+
 // A tensor with the name it is known by outside the process (checkpoints, PyTorch, logs).
 struct NamedTensor {
   std::string name;
   Tensor tensor;
+  StoredType stored = StoredType::kF32;
 };
 
 }  // namespace dptrain

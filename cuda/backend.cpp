@@ -441,6 +441,51 @@ void CudaBackend::maxpool2d_backward(const float* gy, const int32_t* argmax, flo
   make_current();
   cuda::maxpool2d_backward(gy, argmax, gx, g, compute_);
 }
+void CudaBackend::batchnorm_sums(const float* x, double* sums, BatchNormShape s) {
+  make_current();
+  cuda::batchnorm_sums(x, sums, s, compute_);
+}
+void CudaBackend::batchnorm_squares(const float* x, const double* sums, double* squares, BatchNormShape s) {
+  make_current();
+  cuda::batchnorm_squares(x, sums, squares, s, compute_);
+}
+void CudaBackend::batchnorm_batch_stats(const double* sums, const double* squares, float* stats,
+                                        float* running_mean, float* running_var, int64_t channels, float eps,
+                                        float momentum) {
+  make_current();
+  cuda::batchnorm_batch_stats(sums, squares, stats, running_mean, running_var, channels, eps, momentum,
+                              compute_);
+}
+void CudaBackend::batchnorm_running_stats(const float* running_mean, const float* running_var, float* stats,
+                                          int64_t channels, float eps) {
+  make_current();
+  cuda::batchnorm_running_stats(running_mean, running_var, stats, channels, eps, compute_);
+}
+void CudaBackend::batchnorm_normalize(const float* x, const float* stats, const float* gamma,
+                                      const float* beta, float* y, BatchNormShape s) {
+  make_current();
+  cuda::batchnorm_normalize(x, stats, gamma, beta, y, s, compute_);
+}
+void CudaBackend::batchnorm_backward_reduce(const float* gy, const float* x, const float* stats,
+                                            double* grad_sums, float* ggamma, float* gbeta,
+                                            BatchNormShape s) {
+  make_current();
+  cuda::batchnorm_backward_reduce(gy, x, stats, grad_sums, ggamma, gbeta, s, compute_);
+}
+void CudaBackend::batchnorm_backward_input(const float* gy, const float* x, const float* stats,
+                                           const float* gamma, const double* grad_sums, const double* sums,
+                                           float* gx, BatchNormShape s) {
+  make_current();
+  cuda::batchnorm_backward_input(gy, x, stats, gamma, grad_sums, sums, gx, s, compute_);
+}
+void CudaBackend::mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size) {
+  make_current();
+  cuda::mean_planes(x, y, planes, plane_size, compute_);
+}
+void CudaBackend::mean_planes_backward(const float* gy, float* gx, int64_t planes, int64_t plane_size) {
+  make_current();
+  cuda::mean_planes_backward(gy, gx, planes, plane_size, compute_);
+}
 void CudaBackend::activation(Activation f, const float* x, float* y, int64_t n) {
   make_current();
   cuda::activation(f, x, y, n, compute_);

@@ -80,21 +80,22 @@ __global__ void relu_mask_kernel(const float* __restrict__ gy, const float* __re
   for (int64_t i = first_index(); i < n; i += grid_stride()) out[i] = y[i] > 0.0f ? gy[i] : 0.0f;
 }
 
-// One thread per output: the first maximum in row-major window order; a NaN beats everything.
+// One thread per output: the first maximum in row-major window order over the positions inside
+// the plane (padding takes no part, as PyTorch's -inf); a NaN beats everything.
 __global__ void maxpool_kernel(const float* __restrict__ x, float* __restrict__ y,
                                int32_t* __restrict__ argmax, Pool2dGeometry g) {
   const int64_t out_plane = g.out_h * g.out_w, n = g.planes * out_plane;
   for (int64_t o = first_index(); o < n; o += grid_stride()) {
     const int64_t p = o / out_plane, i = (o % out_plane) / g.out_w, j = o % g.out_w;
     const float* plane = x + p * g.height * g.width;
-    const int64_t corner = i * g.stride * g.width + j * g.stride;
-    int64_t best = corner;
-    float best_value = plane[corner];
-    for (int ki = 0; ki < g.kernel; ++ki)
-      for (int kj = 0; kj < g.kernel; ++kj) {
-        const int64_t at = corner + ki * g.width + kj;
+    const int64_t top = i * g.stride - g.padding, left = j * g.stride - g.padding;
+    int64_t best = -1;
+    float best_value = -INFINITY;
+    for (int64_t r = max(top, int64_t{0}); r < min(top + g.kernel, g.height); ++r)
+      for (int64_t c = max(left, int64_t{0}); c < min(left + g.kernel, g.width); ++c) {
+        const int64_t at = r * g.width + c;
         const float v = plane[at];
-        if (v > best_value || v != v) {
+        if (best < 0 || v > best_value || v != v) {
           best_value = v;
           best = at;
         }
@@ -109,8 +110,9 @@ __global__ void maxpool_backward_kernel(const float* __restrict__ gy, const int3
                                         float* __restrict__ gx, Pool2dGeometry g) {
   const int64_t in_plane = g.height * g.width, out_plane = g.out_h * g.out_w, n = g.planes * in_plane;
   for (int64_t idx = first_index(); idx < n; idx += grid_stride()) {
-    const int64_t p = idx / in_plane, local = idx % in_plane, ih = local / g.width, iw = local % g.width;
-    // Output rows oh with oh * stride <= ih < oh * stride + kernel.
+    const int64_t p = idx / in_plane, local = idx % in_plane;
+    // In padded coordinates: output rows oh with oh * stride <= ih + padding < oh * stride + kernel.
+    const int64_t ih = local / g.width + g.padding, iw = local % g.width + g.padding;
     const int64_t oh_first = ih >= g.kernel ? (ih - g.kernel) / g.stride + 1 : 0;
     const int64_t oh_last = min(ih / g.stride, g.out_h - 1);
     const int64_t ow_first = iw >= g.kernel ? (iw - g.kernel) / g.stride + 1 : 0;
@@ -123,6 +125,157 @@ __global__ void maxpool_backward_kernel(const float* __restrict__ gy, const int3
       }
     gx[idx] = acc;
   }
+}
+
+// Sums a double per thread over a block of kThreads in shared memory; thread 0 gets the total.
+__device__ double block_sum(double v, double* shared) {
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) shared[threadIdx.x] += shared[threadIdx.x + half];
+    __syncthreads();
+  }
+  const double total = shared[0];
+  __syncthreads();  // the buffer may be reused by the caller's next sum
+  return total;
+}
+
+// Batch normalisation's per-channel reductions run one block per channel; threads stride over
+// (sample, position), so the order is fixed and the result deterministic.
+__device__ int64_t bn_index(BatchNormShape s, int64_t c, int64_t j) {
+  return ((j / s.inner) * s.channels + c) * s.inner + j % s.inner;
+}
+
+__global__ void batchnorm_sums_kernel(const float* __restrict__ x, double* __restrict__ sums,
+                                      BatchNormShape s) {
+  __shared__ double shared[kThreads];
+  const int64_t c = blockIdx.x, count = s.batch * s.inner;
+  double acc = 0;
+  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) acc += x[bn_index(s, c, j)];
+  const double total = block_sum(acc, shared);
+  if (threadIdx.x == 0) {
+    sums[c] = total;
+    if (c == 0) sums[s.channels] = static_cast<double>(count);
+  }
+}
+
+__global__ void batchnorm_squares_kernel(const float* __restrict__ x, const double* __restrict__ sums,
+                                         double* __restrict__ squares, BatchNormShape s) {
+  __shared__ double shared[kThreads];
+  const int64_t c = blockIdx.x, count = s.batch * s.inner;
+  const auto mean = static_cast<float>(sums[c] / sums[s.channels]);  // the mean normalisation uses
+  double acc = 0;
+  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
+    const float d = x[bn_index(s, c, j)] - mean;
+    acc += d * d;
+  }
+  const double total = block_sum(acc, shared);
+  if (threadIdx.x == 0) squares[c] = total;
+}
+
+__global__ void batchnorm_batch_stats_kernel(const double* __restrict__ sums,
+                                             const double* __restrict__ squares, float* __restrict__ stats,
+                                             float* __restrict__ running_mean,
+                                             float* __restrict__ running_var, int64_t channels, float eps,
+                                             float momentum) {
+  const double count = sums[channels];
+  for (int64_t c = first_index(); c < channels; c += grid_stride()) {
+    const double mean = sums[c] / count, var = squares[c] / count;
+    stats[c] = static_cast<float>(mean);
+    stats[channels + c] = static_cast<float>(1.0 / sqrt(var + eps));
+    if (running_mean) {
+      const double unbiased = count > 1 ? squares[c] / (count - 1) : var;
+      running_mean[c] = static_cast<float>((1 - momentum) * running_mean[c] + momentum * mean);
+      running_var[c] = static_cast<float>((1 - momentum) * running_var[c] + momentum * unbiased);
+    }
+  }
+}
+
+__global__ void batchnorm_running_stats_kernel(const float* __restrict__ running_mean,
+                                               const float* __restrict__ running_var,
+                                               float* __restrict__ stats, int64_t channels, float eps) {
+  for (int64_t c = first_index(); c < channels; c += grid_stride()) {
+    stats[c] = running_mean[c];
+    stats[channels + c] = static_cast<float>(1.0 / sqrt(static_cast<double>(running_var[c]) + eps));
+  }
+}
+
+__global__ void batchnorm_normalize_kernel(const float* __restrict__ x, const float* __restrict__ stats,
+                                           const float* __restrict__ gamma, const float* __restrict__ beta,
+                                           float* __restrict__ y, BatchNormShape s) {
+  const int64_t n = s.batch * s.channels * s.inner;
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    const int64_t c = (i / s.inner) % s.channels;
+    const float scale = stats[s.channels + c] * gamma[c], shift = beta[c] - stats[c] * scale;
+    y[i] = x[i] * scale + shift;
+  }
+}
+
+__global__ void batchnorm_backward_reduce_kernel(const float* __restrict__ gy, const float* __restrict__ x,
+                                                 const float* __restrict__ stats,
+                                                 double* __restrict__ grad_sums, float* __restrict__ ggamma,
+                                                 float* __restrict__ gbeta, BatchNormShape s) {
+  __shared__ double shared[kThreads];
+  const int64_t c = blockIdx.x, count = s.batch * s.inner;
+  const float mean = stats[c];
+  double acc_gy = 0, acc_gy_xmu = 0;
+  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
+    const int64_t at = bn_index(s, c, j);
+    acc_gy += gy[at];
+    acc_gy_xmu += gy[at] * (x[at] - mean);
+  }
+  const double sum_gy = block_sum(acc_gy, shared), sum_gy_xmu = block_sum(acc_gy_xmu, shared);
+  if (threadIdx.x == 0) {
+    grad_sums[c] = sum_gy;
+    grad_sums[s.channels + c] = sum_gy_xmu;
+    if (ggamma) ggamma[c] += static_cast<float>(sum_gy_xmu * stats[s.channels + c]);
+    if (gbeta) gbeta[c] += static_cast<float>(sum_gy);
+  }
+}
+
+// grad_sums null: fixed statistics (evaluation), gx += gamma invstd gy.
+__global__ void batchnorm_backward_input_kernel(const float* __restrict__ gy, const float* __restrict__ x,
+                                                const float* __restrict__ stats,
+                                                const float* __restrict__ gamma,
+                                                const double* __restrict__ grad_sums,
+                                                const double* __restrict__ sums, float* __restrict__ gx,
+                                                BatchNormShape s) {
+  const int64_t n = s.batch * s.channels * s.inner;
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    const int64_t c = (i / s.inner) % s.channels;
+    const float mean = stats[c], invstd = stats[s.channels + c], scale = gamma[c] * invstd;
+    if (grad_sums == nullptr) {
+      gx[i] += scale * gy[i];
+      continue;
+    }
+    const double count = sums[s.channels];
+    const auto mean_gy = static_cast<float>(grad_sums[c] / count);
+    const auto mean_gy_xmu = static_cast<float>(grad_sums[s.channels + c] / count);
+    const float slope = -scale * invstd * invstd * mean_gy_xmu;
+    const float offset = -scale * mean_gy - slope * mean;
+    gx[i] += gy[i] * scale + x[i] * slope + offset;
+  }
+}
+
+// One warp per plane (global average pooling's planes are small: 7x7 to 8x8), double accumulation.
+__global__ void mean_planes_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t planes,
+                                   int64_t plane_size) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t p = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; p < planes;
+       p += warps) {
+    double acc = 0;
+    for (int64_t i = lane; i < plane_size; i += 32) acc += x[p * plane_size + i];
+    for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+    if (lane == 0) y[p] = static_cast<float>(acc / static_cast<double>(plane_size));
+  }
+}
+
+__global__ void mean_planes_backward_kernel(const float* __restrict__ gy, float* __restrict__ gx,
+                                            int64_t planes, int64_t plane_size) {
+  const int64_t n = planes * plane_size;
+  for (int64_t i = first_index(); i < n; i += grid_stride())
+    gx[i] += gy[i / plane_size] / static_cast<float>(plane_size);
 }
 
 __device__ float activate(Activation f, float v) {
@@ -308,6 +461,67 @@ void maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& 
 void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx, const Pool2dGeometry& g,
                         cudaStream_t stream) {
   DPTRAIN_LAUNCH(maxpool_backward_kernel, g.planes * g.height * g.width, stream, gy, argmax, gx, g);
+}
+
+void batchnorm_sums(const float* x, double* sums, BatchNormShape s, cudaStream_t stream) {
+  if (s.channels == 0) return;
+  batchnorm_sums_kernel<<<static_cast<unsigned>(s.channels), kThreads, 0, stream>>>(x, sums, s);
+  DPTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+void batchnorm_squares(const float* x, const double* sums, double* squares, BatchNormShape s,
+                       cudaStream_t stream) {
+  if (s.channels == 0) return;
+  batchnorm_squares_kernel<<<static_cast<unsigned>(s.channels), kThreads, 0, stream>>>(x, sums, squares, s);
+  DPTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+void batchnorm_batch_stats(const double* sums, const double* squares, float* stats, float* running_mean,
+                           float* running_var, int64_t channels, float eps, float momentum,
+                           cudaStream_t stream) {
+  DPTRAIN_LAUNCH(batchnorm_batch_stats_kernel, channels, stream, sums, squares, stats, running_mean,
+                 running_var, channels, eps, momentum);
+}
+
+void batchnorm_running_stats(const float* running_mean, const float* running_var, float* stats,
+                             int64_t channels, float eps, cudaStream_t stream) {
+  DPTRAIN_LAUNCH(batchnorm_running_stats_kernel, channels, stream, running_mean, running_var, stats, channels,
+                 eps);
+}
+
+void batchnorm_normalize(const float* x, const float* stats, const float* gamma, const float* beta, float* y,
+                         BatchNormShape s, cudaStream_t stream) {
+  DPTRAIN_LAUNCH(batchnorm_normalize_kernel, s.batch * s.channels * s.inner, stream, x, stats, gamma, beta, y,
+                 s);
+}
+
+void batchnorm_backward_reduce(const float* gy, const float* x, const float* stats, double* grad_sums,
+                               float* ggamma, float* gbeta, BatchNormShape s, cudaStream_t stream) {
+  if (s.channels == 0) return;
+  batchnorm_backward_reduce_kernel<<<static_cast<unsigned>(s.channels), kThreads, 0, stream>>>(
+      gy, x, stats, grad_sums, ggamma, gbeta, s);
+  DPTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+void batchnorm_backward_input(const float* gy, const float* x, const float* stats, const float* gamma,
+                              const double* grad_sums, const double* sums, float* gx, BatchNormShape s,
+                              cudaStream_t stream) {
+  DPTRAIN_LAUNCH(batchnorm_backward_input_kernel, s.batch * s.channels * s.inner, stream, gy, x, stats, gamma,
+                 grad_sums, sums, gx, s);
+}
+
+void mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size, cudaStream_t stream) {
+  if (planes == 0) return;
+  const int64_t warps_per_block = kThreads / 32;
+  const int blocks =
+      static_cast<int>(std::clamp<int64_t>((planes + warps_per_block - 1) / warps_per_block, 1, 132 * 32));
+  mean_planes_kernel<<<blocks, kThreads, 0, stream>>>(x, y, planes, plane_size);
+  DPTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+void mean_planes_backward(const float* gy, float* gx, int64_t planes, int64_t plane_size,
+                          cudaStream_t stream) {
+  DPTRAIN_LAUNCH(mean_planes_backward_kernel, planes * plane_size, stream, gy, gx, planes, plane_size);
 }
 
 void activation(Activation f, const float* x, float* y, int64_t n, cudaStream_t stream) {

@@ -1,4 +1,4 @@
-// Linear-regression dataset.
+// Linear-regression dataset and random images.
 #include "data/synthetic.h"
 
 #include <cmath>
@@ -8,14 +8,6 @@
 #include "core/rng.h"
 
 namespace dptrain::data {
-namespace {
-// Box-Muller on the portable generator, so the data set is the same on every platform.
-double standard_normal(Rng& rng) {
-  const double u1 = (static_cast<double>(rng.next_u64() >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
-  const double u2 = static_cast<double>(rng.next_u64() >> 11) * 0x1.0p-53;
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
-}
-}  // namespace
 
 Dataset make_linear_dataset(int64_t samples, const std::vector<double>& coefficients, double noise,
                             uint64_t seed) {
@@ -32,12 +24,26 @@ Dataset make_linear_dataset(int64_t samples, const std::vector<double>& coeffici
   for (int64_t i = 0; i < samples; ++i) {
     double y = 0;
     for (int64_t j = 0; j < features; ++j) {
-      const double x = static_cast<double>(j) + standard_normal(rng);
+      const double x = static_cast<double>(j) + rng.normal();
       ds.inputs[i * features + j] = static_cast<float>(x);
       y += x * coefficients[j];
     }
-    ds.targets[i] = static_cast<float>(y + noise * standard_normal(rng));
+    ds.targets[i] = static_cast<float>(y + noise * rng.normal());
   }
+  return ds;
+}
+
+Dataset make_random_images(int64_t samples, const Shape& sample_shape, int classes, uint64_t seed) {
+  DPTRAIN_CHECK(samples > 0 && classes > 0, "synthetic images need samples > 0 and classes > 0");
+  Dataset ds;
+  ds.sample_shape = sample_shape;
+  ds.size = samples;
+  ds.num_classes = classes;
+  ds.inputs.resize(static_cast<std::size_t>(samples * shape_numel(sample_shape)));
+  ds.labels.resize(static_cast<std::size_t>(samples));
+  Rng rng(derive_seed(seed, "synthetic images"));
+  for (float& v : ds.inputs) v = static_cast<float>(rng.normal());
+  for (int32_t& label : ds.labels) label = static_cast<int32_t>(rng.below(static_cast<uint64_t>(classes)));
   return ds;
 }
 

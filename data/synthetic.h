@@ -1,4 +1,5 @@
-// Synthetic datasets: linear regression with known coefficients (the classic ring-allreduce demo).
+// Synthetic datasets: linear regression with known coefficients (the classic ring-allreduce demo),
+// and random images with random labels (Horovod's synthetic benchmark).
 #pragma once
 
 #include <cstdint>
@@ -12,5 +13,9 @@ namespace dptrain::data {
 // (+ N(0, noise^2)), seeded. sample_shape {features}, one target per sample, no labels.
 Dataset make_linear_dataset(int64_t samples, const std::vector<double>& coefficients, double noise,
                             uint64_t seed);
+
+// `samples` images of `sample_shape` with N(0, 1) pixels and labels uniform in [0, classes), seeded:
+// what Horovod's synthetic benchmark feeds, for throughput without a dataset on disk.
+Dataset make_random_images(int64_t samples, const Shape& sample_shape, int classes, uint64_t seed);
 
 }  // namespace dptrain::data

@@ -1,4 +1,5 @@
-// Model construction from JSON, parameter initialisers and loading weights by name.
+// Model construction from JSON (a layer list or a named architecture), parameter initialisers and
+// loading weights by name.
 #include "layers/build.h"
 
 #include <cmath>
@@ -54,8 +55,27 @@ void initialize(const Tensor& t, const Initializer& init, int64_t fan_in, int64_
   for (float& v : t.values()) v = rng.uniform(-bound, bound);
 }
 
+// torchvision's ResNet initialisation of a convolution: kaiming_normal_(mode="fan_out",
+// nonlinearity="relu"), i.e. N(0, 2 / (out_channels * kh * kw)).
+void kaiming_normal_fan_out(const Conv2D& conv, uint64_t seed, const std::string& name) {
+  const Tensor& w = conv.weight();
+  const double stddev = std::sqrt(2.0 / static_cast<double>(w.dim(0) * w.dim(2) * w.dim(3)));
+  Rng rng(derive_seed(seed, name));
+  for (float& v : w.values()) v = static_cast<float>(stddev * rng.normal());
+}
+
+std::unique_ptr<ResidualBlock> residual_block(ResidualBlock::Kind kind, const std::string& name,
+                                              int64_t in_channels, int64_t planes, int stride,
+                                              uint64_t seed) {
+  auto block = std::make_unique<ResidualBlock>(kind, name, in_channels, planes, stride);
+  for (const Conv2D* conv : block->convolutions())
+    kaiming_normal_fan_out(*conv, seed, conv->named_parameters().front().name);
+  return block;
+}
+
 std::unique_ptr<Module> build_layer(ObjectReader& r, int index, const Shape& input, uint64_t seed) {
   const std::string type = r.require<std::string>("type");
+  const std::string name = std::to_string(index);
   if (type == "dense") {
     DPTRAIN_CHECK(input.size() == 1, "config key ", r.path_of("type"),
                   ": dense needs a flat input, gets per-sample ", "shape ", shape_str(input),
@@ -63,7 +83,7 @@ std::unique_ptr<Module> build_layer(ObjectReader& r, int index, const Shape& inp
     DPTRAIN_CHECK(r.has("out_features"), "config key ", r.path_of("out_features"), " is missing (dense)");
     const int64_t out = r.get_in_range<int64_t>("out_features", 1, 1, 1 << 24);
     const bool bias = r.get<bool>("bias", true);
-    auto layer = std::make_unique<Dense>(index, input[0], out, bias);
+    auto layer = std::make_unique<Dense>(name, input[0], out, bias);
     const Initializer w = parse_initializer(r, "weight_init", false),
                       b = parse_initializer(r, "bias_init", true);
     const std::string p = std::to_string(index) + ".";
@@ -81,7 +101,7 @@ std::unique_ptr<Module> build_layer(ObjectReader& r, int index, const Shape& inp
     const int stride = r.get_in_range("stride", 1, 1, 64);
     const int padding = r.get_in_range("padding", 0, 0, 64);
     const bool bias = r.get<bool>("bias", true);
-    auto layer = std::make_unique<Conv2D>(index, input[0], out, kernel, stride, padding, bias);
+    auto layer = std::make_unique<Conv2D>(name, input[0], out, kernel, stride, padding, bias);
     const Initializer w = parse_initializer(r, "weight_init", false),
                       b = parse_initializer(r, "bias_init", true);
     const int64_t fan_in = input[0] * kernel * kernel, fan_out = out * kernel * kernel;
@@ -93,7 +113,24 @@ std::unique_ptr<Module> build_layer(ObjectReader& r, int index, const Shape& inp
   if (type == "maxpool2d") {
     DPTRAIN_CHECK(r.has("kernel"), "config key ", r.path_of("kernel"), " is missing (maxpool2d)");
     const int kernel = r.get_in_range("kernel", 2, 1, 64);
-    return std::make_unique<MaxPool2D>(kernel, r.get_in_range("stride", kernel, 1, 64));
+    const int stride = r.get_in_range("stride", kernel, 1, 64);
+    return std::make_unique<MaxPool2D>(kernel, stride, r.get_in_range("padding", 0, 0, kernel / 2));
+  }
+  if (type == "batchnorm2d") {
+    DPTRAIN_CHECK(input.size() == 3, "config key ", r.path_of("type"),
+                  ": batchnorm2d needs a [C, H, W] input, gets ", shape_str(input));
+    return std::make_unique<BatchNorm2d>(name, input[0]);
+  }
+  if (type == "global_avgpool") return std::make_unique<GlobalAvgPool>();
+  if (type == "basic_block" || type == "bottleneck") {
+    DPTRAIN_CHECK(input.size() == 3, "config key ", r.path_of("type"), ": ", type,
+                  " needs a [C, H, W] input, gets ", shape_str(input));
+    DPTRAIN_CHECK(r.has("planes"), "config key ", r.path_of("planes"), " is missing (", type, ")");
+    const int64_t planes = r.get_in_range<int64_t>("planes", 1, 1, 1 << 16);
+    const int stride = r.get_in_range("stride", 1, 1, 8);
+    return residual_block(
+        type == "basic_block" ? ResidualBlock::Kind::kBasic : ResidualBlock::Kind::kBottleneck, name,
+        input[0], planes, stride, seed);
   }
   if (type == "relu") return std::make_unique<ActivationLayer>(Activation::kRelu);
   if (type == "tanh") return std::make_unique<ActivationLayer>(Activation::kTanh);
@@ -101,11 +138,31 @@ std::unique_ptr<Module> build_layer(ObjectReader& r, int index, const Shape& inp
   if (type == "flatten") return std::make_unique<Flatten>();
   if (type == "dropout") {
     const float p = r.get_in_range("p", 0.5f, 0.0f, 0.99f);
-    return std::make_unique<Dropout>(index, p);
+    return std::make_unique<Dropout>(name, p);
   }
   DPTRAIN_FAIL(
       "config key ", r.path_of("type"), " = \"", type,
-      "\" is not a layer type; use dense, conv2d, maxpool2d, relu, tanh, sigmoid, flatten or dropout");
+      "\" is not a layer type; use dense, conv2d, maxpool2d, batchnorm2d, global_avgpool, basic_block, "
+      "bottleneck, relu, tanh, sigmoid, flatten or dropout");
+}
+
+// torchvision's ResNet layout: a stem, stages of residual blocks (the first block of a stage with the
+// stage's stride), global average pooling and "fc".
+struct ResNetLayout {
+  ResidualBlock::Kind block;
+  std::vector<int> blocks_per_stage;
+  std::vector<int64_t> planes;
+  bool imagenet_stem;  // 7x7 stride-2 conv + 3x3 stride-2 max-pool; else a 3x3 stride-1 conv
+};
+
+ResNetLayout resnet_layout(const std::string& name) {
+  using Kind = ResidualBlock::Kind;
+  if (name == "resnet18") return {Kind::kBasic, {2, 2, 2, 2}, {64, 128, 256, 512}, true};
+  if (name == "resnet34") return {Kind::kBasic, {3, 4, 6, 3}, {64, 128, 256, 512}, true};
+  if (name == "resnet50") return {Kind::kBottleneck, {3, 4, 6, 3}, {64, 128, 256, 512}, true};
+  if (name == "resnet20") return {Kind::kBasic, {3, 3, 3}, {16, 32, 64}, false};
+  DPTRAIN_FAIL("config key model.architecture = \"", name,
+               "\" is not an architecture; use \"resnet18\", \"resnet34\", \"resnet50\" or \"resnet20\"");
 }
 
 }  // namespace
@@ -138,10 +195,50 @@ std::unique_ptr<Sequential> build_sequential(const Json& layers, const Shape& in
   return model;
 }
 
+std::unique_ptr<Sequential> build_architecture(const std::string& architecture, const Shape& input_shape,
+                                               int64_t num_classes, uint64_t seed) {
+  const ResNetLayout layout = resnet_layout(architecture);
+  DPTRAIN_CHECK(input_shape.size() == 3, "config key model.input_shape = ", shape_str(input_shape), ": ",
+                architecture, " needs [C, H, W]");
+  DPTRAIN_CHECK(num_classes >= 1, "config key model.num_classes must be >= 1");
+  auto model = std::make_unique<Sequential>();
+  const int64_t stem_channels = layout.planes.front();
+  auto conv1 = layout.imagenet_stem
+                   ? std::make_unique<Conv2D>("conv1", input_shape[0], stem_channels, 7, 2, 3, false)
+                   : std::make_unique<Conv2D>("conv1", input_shape[0], stem_channels, 3, 1, 1, false);
+  kaiming_normal_fan_out(*conv1, seed, "conv1.weight");
+  model->add(std::move(conv1));
+  model->add(std::make_unique<BatchNorm2d>("bn1", stem_channels));
+  model->add(std::make_unique<ActivationLayer>(Activation::kRelu));
+  if (layout.imagenet_stem) model->add(std::make_unique<MaxPool2D>(3, 2, 1));
+  int64_t channels = stem_channels;
+  for (std::size_t stage = 0; stage < layout.planes.size(); ++stage)
+    for (int b = 0; b < layout.blocks_per_stage[stage]; ++b) {
+      const int stride = stage > 0 && b == 0 ? 2 : 1;
+      const std::string name = "layer" + std::to_string(stage + 1) + "." + std::to_string(b);
+      auto block = residual_block(layout.block, name, channels, layout.planes[stage], stride, seed);
+      channels = block->out_channels();
+      model->add(std::move(block));
+    }
+  model->add(std::make_unique<GlobalAvgPool>());
+  auto fc = std::make_unique<Dense>("fc", channels, num_classes, true);
+  const Initializer default_init{};
+  initialize(fc->weight(), default_init, channels, num_classes, seed, "fc.weight");
+  initialize(fc->bias(), default_init, channels, num_classes, seed, "fc.bias");
+  model->add(std::move(fc));
+  try {
+    model->output_shape(input_shape);
+  } catch (const Error& e) {
+    DPTRAIN_FAIL("config key model.input_shape = ", shape_str(input_shape), " does not fit ", architecture,
+                 ": ", e.what());
+  }
+  return model;
+}
+
 void load_parameters(const Module& model, const safetensors::File& file, const std::string& source,
                      const std::string& ignored_prefix) {
   std::set<std::string> expected;
-  for (const NamedTensor& p : model.named_parameters()) {
+  for (const NamedTensor& p : state_tensors(model)) {
     expected.insert(p.name);
     const Tensor* found = file.find(p.name);
     DPTRAIN_CHECK(found, source, ": tensor '", p.name, "' is missing (the model has it, the file does not)");
@@ -151,9 +248,10 @@ void load_parameters(const Module& model, const safetensors::File& file, const s
   }
   for (const NamedTensor& t : file.tensors) {
     const bool ignored = !ignored_prefix.empty() && t.name.starts_with(ignored_prefix);
-    DPTRAIN_CHECK(
-        ignored || expected.count(t.name), source, ": tensor '", t.name,
-        "' does not belong to the model (its parameters are named \"{layer index}.weight\" / \".bias\")");
+    DPTRAIN_CHECK(ignored || expected.count(t.name), source, ": tensor '", t.name,
+                  "' does not belong to the model (its tensors are named as PyTorch's state_dict: \"{layer "
+                  "index}.weight\" "
+                  "in a layer list, \"layer1.0.conv1.weight\" in a ResNet)");
   }
 }
 

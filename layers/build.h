@@ -11,13 +11,20 @@
 
 namespace dptrain::layers {
 
-// Each item of `layers` is an object with a "type" (dense, conv2d, maxpool2d, relu, tanh, sigmoid,
-// flatten, dropout) and that type's keys; `path` prefixes error messages ("model.layers").
+// Each item of `layers` is an object with a "type" (dense, conv2d, maxpool2d, batchnorm2d,
+// global_avgpool, basic_block, bottleneck, relu, tanh, sigmoid, flatten, dropout) and that type's
+// keys; `path` prefixes error messages ("model.layers").
 std::unique_ptr<Sequential> build_sequential(const Json& layers, const Shape& input_shape, uint64_t seed,
                                              const std::string& path = "model.layers");
 
-// Copies every parameter of `model` from `file`; a missing tensor, a wrong shape or a tensor the model
-// does not have is an error naming the tensor and `source`. Names under `ignored_prefix` are skipped.
+// "resnet18", "resnet34", "resnet50" (torchvision's layout and initialisation; conv1 takes
+// input_shape[0] channels) or "resnet20" (He et al. 2016, section 4.2, with 1x1-conv shortcuts), with
+// `num_classes` outputs. Tensor names equal torchvision's state_dict keys.
+std::unique_ptr<Sequential> build_architecture(const std::string& architecture, const Shape& input_shape,
+                                               int64_t num_classes, uint64_t seed);
+
+// Copies every parameter and buffer of `model` from `file`; a missing tensor, a wrong shape or a tensor the
+// model does not have is an error naming the tensor and `source`. Names under `ignored_prefix` are skipped.
 void load_parameters(const Module& model, const safetensors::File& file, const std::string& source,
                      const std::string& ignored_prefix = "");
 

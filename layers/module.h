@@ -1,9 +1,12 @@
-// Module and the layers: Dense, Conv2D, MaxPool2D, ReLU, Tanh, Sigmoid, Flatten, Dropout, Sequential.
-// Parameters are named "{i}.weight" / "{i}.bias" (i = the layer's index in model.layers) with
-// PyTorch layouts, so weights exchange with an equivalent torch.nn.Sequential by name.
+// Module and the layers: Dense, Conv2D, MaxPool2D, BatchNorm2d, GlobalAvgPool, ReLU, Tanh, Sigmoid,
+// Flatten, Dropout, the residual blocks (BasicBlock, Bottleneck) and Sequential. Every layer is built
+// with the name PyTorch gives it ("3" in a Sequential, "layer2.0.conv1" in a torchvision ResNet) and
+// names its tensors "<name>.weight", "<name>.running_mean", ... with PyTorch's layouts, so weights
+// and buffers exchange with the equivalent PyTorch model by name.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +16,8 @@
 
 namespace dptrain::layers {
 
+using ops::CrossReplicaSum;
+
 class Module {
  public:
   virtual ~Module() = default;
@@ -20,7 +25,11 @@ class Module {
   // Per-sample output shape for a per-sample input shape; throws when the input does not fit.
   virtual Shape output_shape(const Shape& input) const = 0;
   virtual std::vector<NamedTensor> named_parameters() const { return {}; }
+  // State that is not trained: BatchNorm's running statistics and its batch counter.
+  virtual std::vector<NamedTensor> named_buffers() const { return {}; }
   virtual std::string describe() const = 0;
+  // SyncBatchNorm: batch statistics summed over the replicas through `sync` (null: this rank's batch).
+  virtual void sync_batch_statistics(CrossReplicaSum* /*sync*/) {}
   virtual void set_training(bool on) { training_ = on; }
   bool training() const { return training_; }
   // Restarts every random stream (dropout masks) from `stream_seed`. The trainer derives it from
@@ -34,7 +43,7 @@ class Module {
 
 class Dense : public Module {
  public:
-  Dense(int index, int64_t in_features, int64_t out_features, bool bias);
+  Dense(std::string name, int64_t in_features, int64_t out_features, bool bias);
   Tensor forward(const Tensor& x) override { return ops::linear(x, weight_, bias_); }
   Shape output_shape(const Shape& input) const override;
   std::vector<NamedTensor> named_parameters() const override;
@@ -43,13 +52,13 @@ class Dense : public Module {
   const Tensor& bias() const { return bias_; }
 
  private:
-  int index_;
+  std::string name_;
   Tensor weight_, bias_;  // [out, in], [out] (bias undefined when disabled)
 };
 
 class Conv2D : public Module {
  public:
-  Conv2D(int index, int64_t in_channels, int64_t out_channels, int kernel, int stride, int padding,
+  Conv2D(std::string name, int64_t in_channels, int64_t out_channels, int kernel, int stride, int padding,
          bool bias);
   Tensor forward(const Tensor& x) override {
     return ops::conv2d(x, weight_, bias_, {stride_, padding_, fuse_relu_});
@@ -63,7 +72,7 @@ class Conv2D : public Module {
   const Tensor& bias() const { return bias_; }
 
  private:
-  int index_;
+  std::string name_;
   int kernel_, stride_, padding_;
   bool fuse_relu_ = false;
   Tensor weight_, bias_;  // [out_c, in_c, k, k], [out_c]
@@ -71,13 +80,40 @@ class Conv2D : public Module {
 
 class MaxPool2D : public Module {
  public:
-  MaxPool2D(int kernel, int stride) : kernel_(kernel), stride_(stride) {}
-  Tensor forward(const Tensor& x) override { return ops::maxpool2d(x, kernel_, stride_); }
+  MaxPool2D(int kernel, int stride, int padding = 0) : kernel_(kernel), stride_(stride), padding_(padding) {}
+  Tensor forward(const Tensor& x) override { return ops::maxpool2d(x, kernel_, stride_, padding_); }
   Shape output_shape(const Shape& input) const override;
   std::string describe() const override;
 
  private:
-  int kernel_, stride_;
+  int kernel_, stride_, padding_;
+};
+
+// BatchNorm2d with PyTorch's defaults: eps 1e-5, momentum 0.1, affine, running statistics tracked.
+// Parameters weight (ones) and bias (zeros); buffers running_mean (zeros), running_var (ones) and
+// num_batches_tracked (an int64 scalar in files; counted here in a float, exact to 2^24 steps).
+class BatchNorm2d : public Module {
+ public:
+  BatchNorm2d(std::string name, int64_t channels);
+  Tensor forward(const Tensor& x) override;
+  Shape output_shape(const Shape& input) const override;
+  std::vector<NamedTensor> named_parameters() const override;
+  std::vector<NamedTensor> named_buffers() const override;
+  std::string describe() const override;
+  void sync_batch_statistics(CrossReplicaSum* sync) override { sync_ = sync; }
+
+ private:
+  std::string name_;
+  Tensor weight_, bias_, running_mean_, running_var_, num_batches_tracked_;
+  CrossReplicaSum* sync_ = nullptr;
+};
+
+// [C, H, W] -> [C]: the mean of each channel (AdaptiveAvgPool2d(1) followed by flatten).
+class GlobalAvgPool : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return ops::global_avgpool(x); }
+  Shape output_shape(const Shape& input) const override;
+  std::string describe() const override { return "GlobalAvgPool"; }
 };
 
 using dptrain::Activation;
@@ -106,7 +142,7 @@ class Flatten : public Module {
 
 class Dropout : public Module {
  public:
-  Dropout(int index, float p) : p_(p), stream_name_("dropout." + std::to_string(index)) { reseed(0); }
+  Dropout(const std::string& name, float p) : p_(p), stream_name_("dropout." + name) { reseed(0); }
   Tensor forward(const Tensor& x) override { return training() && p_ > 0.0f ? ops::dropout(x, p_, rng_) : x; }
   Shape output_shape(const Shape& input) const override { return input; }
   std::string describe() const override;
@@ -118,15 +154,51 @@ class Dropout : public Module {
   Rng rng_;
 };
 
+// torchvision's residual blocks: out = relu(path(x) + shortcut(x)), where path is conv-BN pairs with
+// ReLU between them and shortcut is x itself, or "downsample" (a 1x1 convolution with the block's
+// stride and a BN) when the stride or the channel count changes.
+//   BasicBlock: 3x3 (stride) - 3x3, out channels = planes
+//   Bottleneck: 1x1 - 3x3 (stride, as torchvision's v1.5) - 1x1, out channels = 4 planes
+// Convolutions have no bias (the BN after each has one). Tensor names as torchvision's:
+// "<name>.conv1.weight", "<name>.bn1.running_var", "<name>.downsample.0.weight", ...
+class ResidualBlock : public Module {
+ public:
+  enum class Kind { kBasic, kBottleneck };
+  ResidualBlock(Kind kind, const std::string& name, int64_t in_channels, int64_t planes, int stride);
+  Tensor forward(const Tensor& x) override;
+  Shape output_shape(const Shape& input) const override;
+  std::vector<NamedTensor> named_parameters() const override;
+  std::vector<NamedTensor> named_buffers() const override;
+  std::string describe() const override;
+  void set_training(bool on) override;
+  void sync_batch_statistics(CrossReplicaSum* sync) override;
+  // Every convolution's weight, for initialisation.
+  std::vector<const Conv2D*> convolutions() const;
+  int64_t out_channels() const { return out_channels_; }
+
+ private:
+  struct ConvBn {
+    std::unique_ptr<Conv2D> conv;
+    std::unique_ptr<BatchNorm2d> bn;
+  };
+  Kind kind_;
+  int64_t in_channels_, out_channels_;
+  int stride_;
+  std::vector<ConvBn> path_;
+  std::optional<ConvBn> downsample_;
+};
+
 class Sequential : public Module {
  public:
   void add(std::unique_ptr<Module> layer) { layers_.push_back(std::move(layer)); }
   Tensor forward(const Tensor& x) override;
   Shape output_shape(const Shape& input) const override;
   std::vector<NamedTensor> named_parameters() const override;
+  std::vector<NamedTensor> named_buffers() const override;
   std::string describe() const override;
   void set_training(bool on) override;
   void reseed(uint64_t stream_seed) override;
+  void sync_batch_statistics(CrossReplicaSum* sync) override;
 
   std::size_t size() const { return layers_.size(); }
   Module& layer(std::size_t i) { return *layers_.at(i); }
@@ -136,5 +208,7 @@ class Sequential : public Module {
 };
 
 int64_t parameter_count(const Module& module);
+// Parameters, then buffers: what a PyTorch state_dict holds (in another order).
+std::vector<NamedTensor> state_tensors(const Module& module);
 
 }  // namespace dptrain::layers

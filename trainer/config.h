@@ -23,7 +23,7 @@ struct LinearDataConfig {
 
 enum class DeviceKind { kCpu, kCuda, kAuto };   // kAuto: CUDA when this build has it and a GPU is there
 enum class CommBackend { kAuto, kNccl, kMpi };  // kAuto: NCCL on GPUs, MPI on CPUs
-enum class DatasetKind { kMnist, kFashionMnist, kLinear };
+enum class DatasetKind { kMnist, kFashionMnist, kLinear, kSynthetic };
 enum class LossKind { kCrossEntropy, kMse };
 enum class OptimizerKind { kSgd, kAdam, kAdamW };
 
@@ -33,6 +33,12 @@ std::string to_string(CommBackend kind);
 std::string to_string(DatasetKind kind);
 std::string to_string(LossKind kind);
 std::string to_string(OptimizerKind kind);
+
+// Horovod's synthetic benchmark data: seeded N(0, 1) images of model.input_shape, uniform labels.
+struct SyntheticDataConfig {
+  int64_t samples = 1024;
+  int64_t test_samples = 256;
+};
 
 struct DataConfig {
   DatasetKind dataset = DatasetKind::kMnist;
@@ -45,11 +51,14 @@ struct DataConfig {
   bool drop_last = false;
   double mean = 0.1307;
   double std = 0.3081;
-  LinearDataConfig linear;  // data.dataset "linear" only
+  LinearDataConfig linear;        // data.dataset "linear" only
+  SyntheticDataConfig synthetic;  // data.dataset "synthetic" only
 };
 
 struct ModelConfig {
   Shape input_shape;
+  std::string architecture;  // "resnet18" | "resnet34" | "resnet50" | "resnet20"; or else `layers`
+  int64_t num_classes = 10;  // architectures only
   Json layers;
   LossKind loss = LossKind::kCrossEntropy;
   std::string init_from;
@@ -85,6 +94,8 @@ struct DistributedConfig {
   distributed::Compression compression = distributed::Compression::kNone;
   int64_t backward_passes_per_step = 1;
   bool check_finite = true;
+  bool sync_batchnorm = false;    // BatchNorm statistics over every rank's batch (SyncBatchNorm)
+  bool broadcast_buffers = true;  // rank 0's BatchNorm buffers to every rank before each step (DDP's default)
   double stall_warning_s = 60;
   double stall_abort_s = 0;  // 0: never
   std::string timeline;      // Chrome-trace JSON written here (by rank 0, all ranks' tracks); "" = off

@@ -16,9 +16,11 @@ void print_summary(const Config& config, const RunSummary& s) {
       static_cast<unsigned long long>(s.parameters_checksum));
   std::printf("model: %lld parameters\n%s", static_cast<long long>(s.parameters),
               s.model_description.c_str());
+  const std::string source = config.data.dataset == DatasetKind::kLinear      ? "linear (synthetic)"
+                             : config.data.dataset == DatasetKind::kSynthetic ? "random images (synthetic)"
+                                                                              : config.data.dir;
   std::printf("data: %s, %lld training and %lld test samples; batch %lld per rank (%lld global)",
-              config.data.dataset == DatasetKind::kLinear ? "linear (synthetic)" : config.data.dir.c_str(),
-              static_cast<long long>(s.train_samples), static_cast<long long>(s.test_samples),
+              source.c_str(), static_cast<long long>(s.train_samples), static_cast<long long>(s.test_samples),
               static_cast<long long>(config.data.batch_size), static_cast<long long>(s.global_batch));
   std::printf(", %lld steps per epoch\n", static_cast<long long>(s.steps_per_epoch));
   if (s.ranks > 1) {

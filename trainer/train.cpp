@@ -22,6 +22,7 @@
 #include "core/safetensors.h"
 #include "core/timeline.h"
 #include "data/synthetic.h"
+#include "distributed/cross_replica_sum.h"
 #include "distributed/mpi_communicator.h"
 #include "distributed/state_sync.h"
 #include "layers/build.h"
@@ -37,7 +38,22 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-data::Dataset load_dataset(const Config& c, bool train) {
+std::unique_ptr<layers::Sequential> build_model(const ModelConfig& m, uint64_t seed) {
+  return m.architecture.empty()
+             ? layers::build_sequential(m.layers, m.input_shape, seed)
+             : layers::build_architecture(m.architecture, m.input_shape, m.num_classes, seed);
+}
+
+// `model` sets the classes of synthetic data: the width of its output.
+data::Dataset load_dataset(const Config& c, const layers::Module& model, bool train) {
+  if (c.data.dataset == DatasetKind::kSynthetic) {
+    const Shape out = model.output_shape(c.model.input_shape);
+    DPTRAIN_CHECK(out.size() == 1,
+                  "data.dataset \"synthetic\" needs a model with [classes] outputs, this one gives ",
+                  shape_str(out));
+    return data::make_random_images(train ? c.data.synthetic.samples : c.data.synthetic.test_samples,
+                                    c.model.input_shape, static_cast<int>(out[0]), c.seed + (train ? 0 : 1));
+  }
   if (c.data.dataset == DatasetKind::kLinear) {
     const LinearDataConfig& l = c.data.linear;
     return data::make_linear_dataset(train ? l.samples : l.test_samples, l.coefficients, l.noise,
@@ -109,8 +125,9 @@ Trainer::Trainer(const Config& config, const distributed::World& world)
                                           .abort_s = config.distributed.stall_abort_s})),
       device_comm_(make_device_communicator(config, device_, *comm_)),
       state_comm_(device_comm_ ? device_comm_.get() : comm_.get()),
-      train_set_(load_dataset(config, true)),
-      test_set_(load_dataset(config, false)),
+      model_(build_model(config.model, config.seed)),
+      train_set_(load_dataset(config, *model_, true)),
+      test_set_(load_dataset(config, *model_, false)),
       sampler_(train_set_.size, config.data.batch_size, world.rank(), world.size(), config.seed,
                config.data.shuffle, config.data.drop_last),
       passes_per_step_(config.distributed.backward_passes_per_step),
@@ -135,8 +152,12 @@ Trainer::Trainer(const Config& config, const distributed::World& world)
   DPTRAIN_CHECK(train_set_.size >= world.size(), "only ", train_set_.size, " training samples for ",
                 world.size(), " ranks: every rank needs at least one sample per step");
 
-  model_ = layers::build_sequential(config.model.layers, config.model.input_shape, config.seed);
   parameters_ = std::make_unique<FlatParameters>(model_->named_parameters(), device_);
+  buffers_ = std::make_unique<FlatParameters>(model_->named_buffers(), device_);
+  if (config.distributed.sync_batchnorm && world.size() > 1) {
+    batch_stats_sync_ = std::make_unique<distributed::CommunicatorSum>(*state_comm_);
+    model_->sync_batch_statistics(batch_stats_sync_.get());
+  }
   optimizer_ = make_optimizer(config.optimizer, *parameters_);
   schedule_ = std::make_unique<optim::LrSchedule>(
       optim::ScheduleOptions{.base_lr = config.optimizer.lr,
@@ -168,7 +189,7 @@ void Trainer::start(const RunOptions& options) {
   position_.optimizer_steps = optimizer_->steps_taken();
   int64_t scalars[] = {position_.optimizer_steps, position_.epochs_completed, position_.epoch_samples_done,
                        position_.global_step,     position_.samples_seen,     resumed_};
-  std::vector<Tensor> state = {parameters_->values()};
+  std::vector<Tensor> state = {parameters_->values(), buffers_->values()};
   for (const Tensor& slot : optimizer_->state_buffers()) state.push_back(slot);
   distributed::broadcast_state(*comm_, *state_comm_, state, std::span<int64_t>(scalars));
   position_ = {.epochs_completed = scalars[1],
@@ -212,8 +233,8 @@ std::vector<EpochMetrics> Trainer::run() {
     const std::string path = config_.output_dir + "/model.safetensors";
     std::filesystem::create_directories(config_.output_dir);
     std::vector<NamedTensor> weights;
-    for (const NamedTensor& p : model_->named_parameters())
-      weights.push_back({p.name, p.tensor.to(Device::cpu())});
+    for (const NamedTensor& p : model_state())
+      weights.push_back({p.name, p.tensor.to(Device::cpu()), p.stored});
     safetensors::save(path, weights, {{"format", "pt"}, {"producer", "dptrain"}});
     std::printf("final weights: %s\n", path.c_str());
   }
@@ -275,6 +296,15 @@ void Trainer::train_step(int64_t epoch, int64_t step, StepTotals& totals) {
                       static_cast<double>(sampler_.samples_before(first_batch)) / sampler_.dataset_size());
 
   optimizer_->zero_grad();
+  // Without SyncBatchNorm each rank's running statistics follow its own batches; as DDP does, every
+  // step starts from rank 0's, so all ranks evaluate and checkpoint the same model.
+  if (config_.distributed.broadcast_buffers && !batch_stats_sync_ && world_.size() > 1 &&
+      buffers_->size() > 0) {
+    Phase phase(totals.communication, "broadcast of buffers");
+    state_comm_->broadcast(
+        std::span<float>(buffers_->values().data_ptr(), static_cast<std::size_t>(buffers_->size())), 0,
+        "broadcast of BatchNorm buffers from rank 0");
+  }
   for (int64_t pass = 0; pass < passes; ++pass) {
     {
       Phase phase(totals.data, "data");
@@ -348,9 +378,10 @@ Evaluation Trainer::evaluate() {
 }
 
 Evaluation Trainer::evaluate_checkpoint(const std::string& path) {
-  if (world_.is_root()) restore(read_checkpoint(path), model_->named_parameters(), nullptr);
+  if (world_.is_root()) restore(read_checkpoint(path), model_state(), nullptr);
   int64_t none = 0;
-  distributed::broadcast_state(*comm_, *state_comm_, {parameters_->values()}, std::span<int64_t>(&none, 1));
+  distributed::broadcast_state(*comm_, *state_comm_, {parameters_->values(), buffers_->values()},
+                               std::span<int64_t>(&none, 1));
   const Evaluation e = evaluate();
   if (world_.is_root()) print_evaluation(config_, world_.size(), path, e);
   return e;
@@ -381,7 +412,7 @@ void Trainer::resume(const std::string& which) {
                   c.position.epoch_samples_done, " of epoch ", c.position.epochs_completed + 1,
                   ") lies beyond the ", train_set_.size, " training samples configured now");
     const std::vector<NamedTensor> state = optimizer_->state();
-    restore(c, optimizer_->parameters(), &state);
+    restore(c, model_state(), &state);
   });
   if (!found) {
     std::printf("dptrain: --resume auto: no checkpoint in %s; starting fresh\n",
@@ -407,7 +438,7 @@ void Trainer::resume(const std::string& which) {
 void Trainer::init_from(const std::string& path) {
   safetensors::File file = safetensors::load(path);
   if (file.metadata.contains("dptrain_checkpoint_version")) {
-    restore(validate_checkpoint(std::move(file), path), model_->named_parameters(), nullptr);
+    restore(validate_checkpoint(std::move(file), path), model_state(), nullptr);
   } else {
     layers::load_parameters(*model_, file, path);
   }
@@ -424,7 +455,7 @@ void Trainer::save_checkpoint() {
                     {"dropout", "reseeded each pass from (seed, rank, global_step, pass); no stored state"},
                     {"initialisation", "from (seed, parameter name)"}};
   const std::string note =
-      checkpoints_.save({.parameters = optimizer_->parameters(),
+      checkpoints_.save({.parameters = model_state(),
                          .optimizer_state = optimizer_->state(),
                          .position = position_,
                          .metadata = {{"producer", "dptrain"},
@@ -440,6 +471,10 @@ void Trainer::save_checkpoint() {
 }
 
 // ---- helpers ----
+
+std::vector<NamedTensor> Trainer::model_state() const {
+  return layers::state_tensors(*model_);
+}
 
 bool Trainer::step_limit_reached() const {
   return config_.training.max_steps > 0 && position_.global_step >= config_.training.max_steps;

@@ -54,6 +54,7 @@ class Trainer {
   void train_step(int64_t epoch, int64_t step, StepTotals& totals);
   Evaluation evaluate();
   void load_batch(const data::Dataset& ds, std::span<const int64_t> indices);
+  std::vector<NamedTensor> model_state() const;  // parameters and buffers, as checkpoints hold them
 
   void resume(const std::string& which);
   void init_from(const std::string& path);
@@ -69,11 +70,16 @@ class Trainer {
   std::unique_ptr<distributed::Communicator> comm_;         // host memory: metrics, checks, the timeline
   std::unique_ptr<distributed::Communicator> device_comm_;  // the device's buffers; null on the CPU
   distributed::Communicator* state_comm_;                   // the one for parameters and gradients
+  std::unique_ptr<layers::Sequential> model_;  // built first: synthetic data takes its classes from it
   data::Dataset train_set_, test_set_;
   data::ShardedSampler sampler_;
   int64_t passes_per_step_;
-  std::unique_ptr<layers::Sequential> model_;
   std::unique_ptr<FlatParameters> parameters_;
+  // BatchNorm's running statistics and counters in one flat buffer (its gradient half goes unused),
+  // so broadcasting them is one collective.
+  std::unique_ptr<FlatParameters> buffers_;
+  std::unique_ptr<ops::CrossReplicaSum>
+      batch_stats_sync_;  // distributed.sync_batchnorm on more than one rank
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::LrSchedule> schedule_;
   std::unique_ptr<distributed::GradientReducer> reducer_;

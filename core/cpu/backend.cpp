@@ -106,6 +106,40 @@ void CpuBackend::mse_backward(const float* prediction, const float* target, cons
                               float* gprediction, int64_t n) {
   cpu::mse_backward(prediction, target, gloss, gprediction, n);
 }
+void CpuBackend::batchnorm_sums(const float* x, double* sums, BatchNormShape s) {
+  cpu::batchnorm_sums(x, sums, s);
+}
+void CpuBackend::batchnorm_squares(const float* x, const double* sums, double* squares, BatchNormShape s) {
+  cpu::batchnorm_squares(x, sums, squares, s);
+}
+void CpuBackend::batchnorm_batch_stats(const double* sums, const double* squares, float* stats,
+                                       float* running_mean, float* running_var, int64_t channels, float eps,
+                                       float momentum) {
+  cpu::batchnorm_batch_stats(sums, squares, stats, running_mean, running_var, channels, eps, momentum);
+}
+void CpuBackend::batchnorm_running_stats(const float* running_mean, const float* running_var, float* stats,
+                                         int64_t channels, float eps) {
+  cpu::batchnorm_running_stats(running_mean, running_var, stats, channels, eps);
+}
+void CpuBackend::batchnorm_normalize(const float* x, const float* stats, const float* gamma,
+                                     const float* beta, float* y, BatchNormShape s) {
+  cpu::batchnorm_normalize(x, stats, gamma, beta, y, s);
+}
+void CpuBackend::batchnorm_backward_reduce(const float* gy, const float* x, const float* stats,
+                                           double* grad_sums, float* ggamma, float* gbeta, BatchNormShape s) {
+  cpu::batchnorm_backward_reduce(gy, x, stats, grad_sums, ggamma, gbeta, s);
+}
+void CpuBackend::batchnorm_backward_input(const float* gy, const float* x, const float* stats,
+                                          const float* gamma, const double* grad_sums, const double* sums,
+                                          float* gx, BatchNormShape s) {
+  cpu::batchnorm_backward_input(gy, x, stats, gamma, grad_sums, sums, gx, s);
+}
+void CpuBackend::mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size) {
+  cpu::mean_planes(x, y, planes, plane_size);
+}
+void CpuBackend::mean_planes_backward(const float* gy, float* gx, int64_t planes, int64_t plane_size) {
+  cpu::mean_planes_backward(gy, gx, planes, plane_size);
+}
 void CpuBackend::sum(const float* x, float* out, int64_t n) {
   cpu::sum(x, out, n);
 }

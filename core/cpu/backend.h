@@ -38,6 +38,21 @@ class CpuBackend final : public HostMemory {
   void maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& g) override;
   void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx,
                           const Pool2dGeometry& g) override;
+  void batchnorm_sums(const float* x, double* sums, BatchNormShape s) override;
+  void batchnorm_squares(const float* x, const double* sums, double* squares, BatchNormShape s) override;
+  void batchnorm_batch_stats(const double* sums, const double* squares, float* stats, float* running_mean,
+                             float* running_var, int64_t channels, float eps, float momentum) override;
+  void batchnorm_running_stats(const float* running_mean, const float* running_var, float* stats,
+                               int64_t channels, float eps) override;
+  void batchnorm_normalize(const float* x, const float* stats, const float* gamma, const float* beta,
+                           float* y, BatchNormShape s) override;
+  void batchnorm_backward_reduce(const float* gy, const float* x, const float* stats, double* grad_sums,
+                                 float* ggamma, float* gbeta, BatchNormShape s) override;
+  void batchnorm_backward_input(const float* gy, const float* x, const float* stats, const float* gamma,
+                                const double* grad_sums, const double* sums, float* gx,
+                                BatchNormShape s) override;
+  void mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size) override;
+  void mean_planes_backward(const float* gy, float* gx, int64_t planes, int64_t plane_size) override;
   void activation(Activation f, const float* x, float* y, int64_t n) override;
   void activation_backward(Activation f, const float* x, const float* y, const float* gy, float* gx,
                            int64_t n) override;

@@ -52,6 +52,27 @@ void pool_plane(const float* plane, float* y, int32_t* win, int64_t h, int64_t w
     }
 }
 
+// The general window with padding: positions outside the plane take no part (PyTorch pads with
+// -inf). Only ResNet's stem pools with padding, once per step, so plain bounds checks suffice.
+void pool_plane_padded(const float* plane, float* y, int32_t* win, const Pool2dGeometry& g) {
+  for (int64_t i = 0; i < g.out_h; ++i)
+    for (int64_t j = 0; j < g.out_w; ++j) {
+      const int64_t top = i * g.stride - g.padding, left = j * g.stride - g.padding;
+      int64_t best = -1;
+      float best_value = -std::numeric_limits<float>::infinity();
+      for (int64_t r = std::max<int64_t>(top, 0); r < std::min<int64_t>(top + g.kernel, g.height); ++r)
+        for (int64_t c = std::max<int64_t>(left, 0); c < std::min<int64_t>(left + g.kernel, g.width); ++c) {
+          const float v = plane[r * g.width + c];
+          if (best < 0 || v > best_value || v != v) {
+            best_value = v;
+            best = r * g.width + c;
+          }
+        }
+      y[i * g.out_w + j] = best_value;
+      if (win) win[i * g.out_w + j] = static_cast<int32_t>(best);
+    }
+}
+
 // Inf and NaN are the floats whose exponent bits are all ones. An integer OR-reduction vectorises
 // where a float accumulation would not (float addition is not associative).
 inline uint32_t not_finite(float v) {
@@ -89,9 +110,14 @@ void maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& 
   const auto pool = g.kernel == 2 ? pool_plane<2> : g.kernel == 3 ? pool_plane<3> : pool_plane<0>;
   const int64_t in_plane = g.height * g.width, out_plane = g.out_h * g.out_w;
 #pragma omp parallel for schedule(static) if (g.planes * in_plane > 65536)
-  for (int64_t p = 0; p < g.planes; ++p)
-    pool(x + p * in_plane, y + p * out_plane, argmax ? argmax + p * out_plane : nullptr, g.height, g.width,
-         g.kernel, g.stride);
+  for (int64_t p = 0; p < g.planes; ++p) {
+    int32_t* win = argmax ? argmax + p * out_plane : nullptr;
+    if (g.padding > 0) {
+      pool_plane_padded(x + p * in_plane, y + p * out_plane, win, g);
+    } else {
+      pool(x + p * in_plane, y + p * out_plane, win, g.height, g.width, g.kernel, g.stride);
+    }
+  }
 }
 
 void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx, const Pool2dGeometry& g) {

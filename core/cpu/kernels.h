@@ -23,6 +23,21 @@ void conv2d_backward(const float* gy, const float* x, const float* w, const floa
 void maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& g);
 void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx, const Pool2dGeometry& g);
 
+void batchnorm_sums(const float* x, double* sums, BatchNormShape s);
+void batchnorm_squares(const float* x, const double* sums, double* squares, BatchNormShape s);
+void batchnorm_batch_stats(const double* sums, const double* squares, float* stats, float* running_mean,
+                           float* running_var, int64_t channels, float eps, float momentum);
+void batchnorm_running_stats(const float* running_mean, const float* running_var, float* stats,
+                             int64_t channels, float eps);
+void batchnorm_normalize(const float* x, const float* stats, const float* gamma, const float* beta, float* y,
+                         BatchNormShape s);
+void batchnorm_backward_reduce(const float* gy, const float* x, const float* stats, double* grad_sums,
+                               float* ggamma, float* gbeta, BatchNormShape s);
+void batchnorm_backward_input(const float* gy, const float* x, const float* stats, const float* gamma,
+                              const double* grad_sums, const double* sums, float* gx, BatchNormShape s);
+void mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size);
+void mean_planes_backward(const float* gy, float* gx, int64_t planes, int64_t plane_size);
+
 void activation(Activation f, const float* x, float* y, int64_t n);
 void activation_backward(Activation f, const float* x, const float* y, const float* gy, float* gx, int64_t n);
 void dropout(const float* x, float* y, float* mask, int64_t n, float p, uint64_t rng_state);

@@ -164,7 +164,9 @@ void ReferenceBackend::maxpool2d(const float* x, float* y, int32_t* argmax, cons
         int64_t best = -1;
         for (int64_t ki = 0; ki < g.kernel; ++ki)
           for (int64_t kj = 0; kj < g.kernel; ++kj) {
-            const int64_t at = (i * g.stride + ki) * g.width + j * g.stride + kj;
+            const int64_t r = i * g.stride - g.padding + ki, c = j * g.stride - g.padding + kj;
+            if (r < 0 || r >= g.height || c < 0 || c >= g.width) continue;  // padding takes no part
+            const int64_t at = r * g.width + c;
             // The first maximum in row-major window order; a NaN beats everything after it.
             if (best < 0 || plane[at] > plane[best] || std::isnan(plane[at])) best = at;
           }
@@ -178,6 +180,116 @@ void ReferenceBackend::maxpool2d_backward(const float* gy, const int32_t* argmax
   for (int64_t p = 0; p < g.planes; ++p)
     for (int64_t o = 0; o < g.out_h * g.out_w; ++o)
       gx[p * g.height * g.width + argmax[p * g.out_h * g.out_w + o]] += gy[p * g.out_h * g.out_w + o];
+}
+
+// ---- batch normalisation: the formulas of core/backend.h, per element, in double ----
+
+namespace {
+// x[b, c, i] for the visit of every element of channel c.
+template <typename Visit>
+void for_channel(BatchNormShape s, int64_t c, Visit visit) {
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t i = 0; i < s.inner; ++i) visit((b * s.channels + c) * s.inner + i);
+}
+}  // namespace
+
+void ReferenceBackend::batchnorm_sums(const float* x, double* sums, BatchNormShape s) {
+  for (int64_t c = 0; c < s.channels; ++c) {
+    double total = 0;
+    for_channel(s, c, [&](int64_t at) { total += x[at]; });
+    sums[c] = total;
+  }
+  sums[s.channels] = static_cast<double>(s.batch * s.inner);
+}
+
+void ReferenceBackend::batchnorm_squares(const float* x, const double* sums, double* squares,
+                                         BatchNormShape s) {
+  for (int64_t c = 0; c < s.channels; ++c) {
+    const double mean = sums[c] / sums[s.channels];
+    double total = 0;
+    for_channel(s, c, [&](int64_t at) { total += (x[at] - mean) * (x[at] - mean); });
+    squares[c] = total;
+  }
+}
+
+void ReferenceBackend::batchnorm_batch_stats(const double* sums, const double* squares, float* stats,
+                                             float* running_mean, float* running_var, int64_t channels,
+                                             float eps, float momentum) {
+  const double count = sums[channels];
+  for (int64_t c = 0; c < channels; ++c) {
+    const double mean = sums[c] / count, var = squares[c] / count;
+    stats[c] = round_to_float(mean);
+    stats[channels + c] = round_to_float(1.0 / std::sqrt(var + eps));
+    if (running_mean) {
+      const double unbiased = count > 1 ? squares[c] / (count - 1) : var;
+      running_mean[c] = round_to_float((1.0 - momentum) * running_mean[c] + momentum * mean);
+      running_var[c] = round_to_float((1.0 - momentum) * running_var[c] + momentum * unbiased);
+    }
+  }
+}
+
+void ReferenceBackend::batchnorm_running_stats(const float* running_mean, const float* running_var,
+                                               float* stats, int64_t channels, float eps) {
+  for (int64_t c = 0; c < channels; ++c) {
+    stats[c] = running_mean[c];
+    stats[channels + c] = round_to_float(1.0 / std::sqrt(static_cast<double>(running_var[c]) + eps));
+  }
+}
+
+void ReferenceBackend::batchnorm_normalize(const float* x, const float* stats, const float* gamma,
+                                           const float* beta, float* y, BatchNormShape s) {
+  for (int64_t c = 0; c < s.channels; ++c)
+    for_channel(s, c, [&](int64_t at) {
+      y[at] = round_to_float((x[at] - static_cast<double>(stats[c])) * stats[s.channels + c] * gamma[c] +
+                             beta[c]);
+    });
+}
+
+void ReferenceBackend::batchnorm_backward_reduce(const float* gy, const float* x, const float* stats,
+                                                 double* grad_sums, float* ggamma, float* gbeta,
+                                                 BatchNormShape s) {
+  for (int64_t c = 0; c < s.channels; ++c) {
+    double sum_gy = 0, sum_gy_xmu = 0;
+    for_channel(s, c, [&](int64_t at) {
+      sum_gy += gy[at];
+      sum_gy_xmu += static_cast<double>(gy[at]) * (x[at] - static_cast<double>(stats[c]));
+    });
+    grad_sums[c] = sum_gy;
+    grad_sums[s.channels + c] = sum_gy_xmu;
+    if (ggamma) ggamma[c] = round_to_float(ggamma[c] + sum_gy_xmu * stats[s.channels + c]);
+    if (gbeta) gbeta[c] = round_to_float(gbeta[c] + sum_gy);
+  }
+}
+
+void ReferenceBackend::batchnorm_backward_input(const float* gy, const float* x, const float* stats,
+                                                const float* gamma, const double* grad_sums,
+                                                const double* sums, float* gx, BatchNormShape s) {
+  for (int64_t c = 0; c < s.channels; ++c) {
+    const double mean = stats[c], invstd = stats[s.channels + c], scale = gamma[c] * invstd;
+    for_channel(s, c, [&](int64_t at) {
+      double g = gy[at];
+      if (grad_sums) {
+        const double count = sums[s.channels];
+        g -= grad_sums[c] / count + (x[at] - mean) * invstd * invstd * grad_sums[s.channels + c] / count;
+      }
+      gx[at] = round_to_float(gx[at] + scale * g);
+    });
+  }
+}
+
+void ReferenceBackend::mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size) {
+  for (int64_t p = 0; p < planes; ++p) {
+    double total = 0;
+    for (int64_t i = 0; i < plane_size; ++i) total += x[p * plane_size + i];
+    y[p] = round_to_float(total / static_cast<double>(plane_size));
+  }
+}
+
+void ReferenceBackend::mean_planes_backward(const float* gy, float* gx, int64_t planes, int64_t plane_size) {
+  for (int64_t p = 0; p < planes; ++p)
+    for (int64_t i = 0; i < plane_size; ++i)
+      gx[p * plane_size + i] =
+          round_to_float(gx[p * plane_size + i] + static_cast<double>(gy[p]) / plane_size);
 }
 
 void ReferenceBackend::activation(Activation f, const float* x, float* y, int64_t n) {

@@ -283,6 +283,42 @@ std::vector<Case> cases() {
                  {in({2, 3, 9, 9}, Fill::kTies)},
                  [](const std::vector<Tensor>& t) { return ops::maxpool2d(t[0], 3, 2); },
                  kExact});
+  // maxpool2d with padding (ResNet's stem: 3x3, stride 2, padding 1)
+  out.push_back({"maxpool2d",
+                 "[2, 3, 13, 12], kernel 3, stride 2, pad 1",
+                 {in({2, 3, 13, 12}, Fill::kDistinct)},
+                 [](const std::vector<Tensor>& t) { return ops::maxpool2d(t[0], 3, 2, 1); },
+                 kExact});
+  out.push_back({"maxpool2d",
+                 "[1, 2, 6, 6], kernel 2, stride 1, pad 1, ties",
+                 {in({1, 2, 6, 6}, Fill::kTies)},
+                 [](const std::vector<Tensor>& t) { return ops::maxpool2d(t[0], 2, 1, 1); },
+                 kExact});
+  // batch_norm: x, weight, bias differentiable; running statistics as constants (training moves
+  // them the same way on every backend, evaluation reads them)
+  for (const auto& [shape, training] : std::vector<std::pair<Shape, bool>>{
+           {{4, 3, 5, 7}, true}, {{16, 64, 8, 8}, true}, {{13, 7}, true}, {{4, 3, 5, 7}, false}}) {
+    const int64_t c = shape[1];
+    out.push_back(
+        {"batch_norm",
+         str(shape) + (training ? ", training" : ", evaluation"),
+         {in(shape), in({c}, Fill::kPositive), in({c}), constant({c}), constant({c}, Fill::kPositive)},
+         [training](const std::vector<Tensor>& t) {
+           return ops::batch_norm(t[0], t[1], t[2], t[3], t[4], {.training = training});
+         },
+         kGemm});
+  }
+  for (const Shape& shape : std::vector<Shape>{{2, 3, 7, 13}, {32, 512, 7, 7}})
+    out.push_back({"global_avgpool",
+                   str(shape),
+                   {in(shape)},
+                   [](const std::vector<Tensor>& t) { return ops::global_avgpool(t[0]); },
+                   kPointwise});
+  out.push_back({"add",
+                 str(kLarge) + " + " + str(kLarge),
+                 {in(kLarge), in(kLarge)},
+                 [](const std::vector<Tensor>& t) { return ops::add(t[0], t[1]); },
+                 kExact});
   // pointwise
   for (const auto& [f, name, tolerance] : std::vector<std::tuple<Activation, const char*, double>>{
            {Activation::kRelu, "relu", kExact},

@@ -320,6 +320,144 @@ INSTANTIATE_TEST_SUITE_P(Pool, PoolGradCheck,
                            return std::string(info.param.name);
                          });
 
+// Padded windows: positions outside the plane take no part (PyTorch pads with -inf).
+TEST(GradCheck, MaxPoolWithPadding) {
+  const Tensor x = distinct_values({2, 2, 7, 6}, 31);
+  const Tensor y = ops::maxpool2d(x, 3, 2, 1);
+  ASSERT_EQ(y.shape(), (Shape{2, 2, 4, 3}));
+  std::vector<double> ref;
+  for (int64_t p = 0; p < 4; ++p)
+    for (int64_t i = 0; i < 4; ++i)
+      for (int64_t j = 0; j < 3; ++j) {
+        double best = -INFINITY;
+        for (int64_t r = 2 * i - 1; r < 2 * i + 2; ++r)
+          for (int64_t c = 2 * j - 1; c < 2 * j + 2; ++c)
+            if (r >= 0 && r < 7 && c >= 0 && c < 6)
+              best = std::max<double>(best, x.data()[(p * 7 + r) * 6 + c]);
+        ref.push_back(best);
+      }
+  expect_forward(y, ref, 0.0, 0.0);
+  gradcheck([](const std::vector<Tensor>& in) { return ops::maxpool2d(in[0], 3, 2, 1); }, {x});
+  EXPECT_THROW(ops::maxpool2d(x, 3, 2, 2), Error);  // padding beyond half the kernel
+}
+
+// ---- global average pooling, residual add ----------------------------------------------------
+
+TEST(GradCheck, GlobalAvgPool) {
+  const Tensor x = random_tensor({2, 3, 4, 5}, 32);
+  const Tensor y = ops::global_avgpool(x);
+  ASSERT_EQ(y.shape(), (Shape{2, 3}));
+  std::vector<double> ref;
+  for (int64_t p = 0; p < 6; ++p) {
+    double total = 0;
+    for (int64_t i = 0; i < 20; ++i) total += x.data()[p * 20 + i];
+    ref.push_back(total / 20);
+  }
+  expect_forward(y, ref);
+  gradcheck([](const std::vector<Tensor>& in) { return ops::global_avgpool(in[0]); }, {x});
+}
+
+TEST(GradCheck, Add) {
+  const Tensor a = random_tensor({2, 3, 4}, 33), b = random_tensor({2, 3, 4}, 34);
+  std::vector<double> ref;
+  for (int64_t i = 0; i < a.numel(); ++i) ref.push_back(static_cast<double>(a.data()[i]) + b.data()[i]);
+  expect_forward(ops::add(a, b), ref);
+  gradcheck([](const std::vector<Tensor>& in) { return ops::add(in[0], in[1]); }, {a, b});
+  // The same tensor on both sides gets both contributions.
+  gradcheck([](const std::vector<Tensor>& in) { return ops::add(in[0], in[0]); }, {a});
+}
+
+// ---- batch normalisation ----------------------------------------------------------------------
+
+// Training mode: the batch's mean and biased variance per channel, by the definition in double.
+std::vector<double> ref_batch_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+  const int64_t B = x.dim(0), C = x.dim(1), inner = x.numel() / (B * C);
+  std::vector<double> y(x.numel());
+  for (int64_t c = 0; c < C; ++c) {
+    double mean = 0, var = 0;
+    for (int64_t n = 0; n < B; ++n)
+      for (int64_t i = 0; i < inner; ++i) mean += x.data()[(n * C + c) * inner + i];
+    mean /= B * inner;
+    for (int64_t n = 0; n < B; ++n)
+      for (int64_t i = 0; i < inner; ++i) var += std::pow(x.data()[(n * C + c) * inner + i] - mean, 2);
+    var /= B * inner;
+    for (int64_t n = 0; n < B; ++n)
+      for (int64_t i = 0; i < inner; ++i) {
+        const int64_t at = (n * C + c) * inner + i;
+        y[at] = (x.data()[at] - mean) / std::sqrt(var + eps) * w.data()[c] + b.data()[c];
+      }
+  }
+  return y;
+}
+
+TEST(GradCheck, BatchNormTraining) {
+  const Tensor x = random_tensor({4, 3, 3, 2}, 35, true, -2.0f, 3.0f);
+  const Tensor w = random_tensor({3}, 36, true, 0.5f, 1.5f), b = random_tensor({3}, 37);
+  const ops::BatchNormOptions train{.training = true};
+  expect_forward(ops::batch_norm(x, w, b, Tensor(), Tensor(), train), ref_batch_norm(x, w, b, 1e-5), 1e-5,
+                 1e-5);
+  gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        return ops::batch_norm(in[0], in[1], in[2], Tensor(), Tensor(), train);
+      },
+      {x, w, b});
+  // [B, C] inputs (BatchNorm1d's layout) normalise over the batch alone.
+  const Tensor flat = random_tensor({5, 3}, 38);
+  gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        return ops::batch_norm(in[0], in[1], in[2], Tensor(), Tensor(), train);
+      },
+      {flat, w, b});
+}
+
+TEST(BatchNorm, RunningStatisticsFollowPyTorchsUpdate) {
+  const Tensor x = random_tensor({4, 2, 3, 3}, 39, false, -1.0f, 2.0f);
+  const Tensor w = Tensor::full({2}, 1.0f), b = Tensor::zeros({2});
+  const Tensor mean = Tensor::from_data({2}, std::vector<float>{0.5f, -0.5f});
+  const Tensor var = Tensor::from_data({2}, std::vector<float>{2.0f, 0.5f});
+  ops::batch_norm(x, w, b, mean, var, {.training = true, .momentum = 0.25f});
+  for (int64_t c = 0; c < 2; ++c) {
+    double m = 0, v = 0;
+    for (int64_t n = 0; n < 4; ++n)
+      for (int64_t i = 0; i < 9; ++i) m += x.data()[(n * 2 + c) * 9 + i];
+    m /= 36;
+    for (int64_t n = 0; n < 4; ++n)
+      for (int64_t i = 0; i < 9; ++i) v += std::pow(x.data()[(n * 2 + c) * 9 + i] - m, 2);
+    const double unbiased = v / 35;  // running_var takes the unbiased estimate, normalisation the biased
+    EXPECT_NEAR(mean.data()[c], 0.75 * (c == 0 ? 0.5 : -0.5) + 0.25 * m, 1e-6);
+    EXPECT_NEAR(var.data()[c], 0.75 * (c == 0 ? 2.0 : 0.5) + 0.25 * unbiased, 1e-6);
+  }
+}
+
+TEST(GradCheck, BatchNormEvaluation) {
+  const Tensor x = random_tensor({3, 2, 2, 3}, 40);
+  const Tensor w = random_tensor({2}, 41, true, 0.5f, 1.5f), b = random_tensor({2}, 42);
+  const Tensor mean = random_tensor({2}, 43, false), var = random_tensor({2}, 44, false, 0.5f, 2.0f);
+  const ops::BatchNormOptions eval{.training = false};
+  std::vector<double> ref;
+  for (int64_t n = 0; n < 3; ++n)
+    for (int64_t c = 0; c < 2; ++c)
+      for (int64_t i = 0; i < 6; ++i)
+        ref.push_back((x.data()[(n * 2 + c) * 6 + i] - mean.data()[c]) / std::sqrt(var.data()[c] + 1e-5) *
+                          w.data()[c] +
+                      b.data()[c]);
+  const std::vector<float> mean_before = mean.to_vector();
+  expect_forward(ops::batch_norm(x, w, b, mean, var, eval), ref);
+  EXPECT_EQ(mean.to_vector(), mean_before) << "evaluation must not move the running statistics";
+  gradcheck(
+      [&](const std::vector<Tensor>& in) { return ops::batch_norm(in[0], in[1], in[2], mean, var, eval); },
+      {x, w, b});
+}
+
+TEST(BatchNorm, RejectsBadShapesAndSingleValues) {
+  const Tensor w = Tensor::full({3}, 1.0f), b = Tensor::zeros({3});
+  EXPECT_THROW(ops::batch_norm(random_tensor({2, 4, 3, 3}, 45), w, b, Tensor(), Tensor(), {}), Error);
+  // One value per channel has no variance: PyTorch refuses it too.
+  EXPECT_THROW(ops::batch_norm(random_tensor({1, 3}, 46), w, b, Tensor(), Tensor(), {}), Error);
+  EXPECT_THROW(ops::batch_norm(random_tensor({2, 3}, 47), w, b, Tensor(), Tensor(), {.training = false}),
+               Error);
+}
+
 // ---- pointwise ------------------------------------------------------------------------------
 
 TEST(GradCheck, Relu) {

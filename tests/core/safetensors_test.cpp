@@ -239,9 +239,26 @@ TEST(SafetensorsCorrupt, SizeShapeMismatch) {
 }
 
 TEST(SafetensorsCorrupt, UnsupportedDtype) {
-  for (const std::string dtype : {"F16", "BF16", "F64", "I64", "U8"})
+  for (const std::string dtype : {"F16", "BF16", "F64", "I16", "U8"})
     expect_parse_error(image(R"({"w":{"dtype":")" + dtype + R"(","shape":[2],"data_offsets":[0,4]}})", 4),
                        {"'w'", "dtype " + dtype});
+}
+
+// BatchNorm's num_batches_tracked is an int64 scalar in PyTorch: read as a float, written back as I64.
+TEST(Safetensors, Int64CountersRoundTrip) {
+  const Tensor count = Tensor::from_data({}, std::vector<float>{12345.0f});
+  const std::vector<char> bytes =
+      safetensors::serialize({{"bn.num_batches_tracked", count, StoredType::kI64}});
+  const std::string text(bytes.begin() + 8, bytes.end());
+  EXPECT_NE(text.find(R"("dtype":"I64","shape":[])"), std::string::npos) << text;
+  const safetensors::File file = safetensors::parse(bytes, "counter");
+  ASSERT_EQ(file.tensors.size(), 1u);
+  EXPECT_EQ(file.tensors[0].stored, StoredType::kI64);
+  EXPECT_EQ(file.tensors[0].tensor.shape(), Shape{});
+  EXPECT_EQ(file.tensors[0].tensor.item(), 12345.0f);
+  // An I64 entry's size is checked in 8-byte elements.
+  expect_parse_error(image(R"({"n":{"dtype":"I64","shape":[2],"data_offsets":[0,8]}})", 8),
+                     {"'n'", "needs 16 bytes"});
 }
 
 TEST(SafetensorsCorrupt, MetadataValueNotAString) {

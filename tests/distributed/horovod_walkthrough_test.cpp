@@ -55,7 +55,7 @@ TEST(HorovodWalkthrough, TwoRankSgdStepThenBroadcast) {
   for (bool overlap : {false, true}) {
     SCOPED_TRACE(overlap ? "overlap on" : "overlap off");
     autograd::clear_tape();
-    layers::Dense dense(0, 2, 3, /*bias=*/true);
+    layers::Dense dense("0", 2, 3, /*bias=*/true);
     for (float& w : dense.weight().values()) w = r == 0 ? 1.0f : 0.0f;
     for (float& b : dense.bias().values()) b = r == 0 ? 1.0f : 0.0f;
     const std::vector<float> x0 = {0.54881352f, 0.71518934f, 0.60276335f, 0.54488319f,

@@ -97,7 +97,7 @@ TEST_F(LayerFixtures, Dense) {
 
 TEST_F(LayerFixtures, DenseLayerModule) {
   // Through the Dense module, with the fixture's weights copied into its parameters.
-  layers::Dense dense(0, 5, 3, true);
+  layers::Dense dense("0", 5, 3, true);
   std::copy_n(get("dense.weight").data(), 15, dense.weight().data());
   std::copy_n(get("dense.bias").data(), 3, dense.bias().data());
   const Tensor x = leaf("dense.x");
@@ -117,7 +117,7 @@ TEST_P(ConvFixture, ForwardAndVjp) {
 TEST_P(ConvFixture, Conv2DLayerModule) {
   const std::string name = GetParam(), p = name + ".";
   const Tensor w = get(p + "weight");
-  layers::Conv2D conv(3, w.dim(1), w.dim(0), meta_int(p + "kernel"), meta_int(p + "stride"),
+  layers::Conv2D conv("3", w.dim(1), w.dim(0), meta_int(p + "kernel"), meta_int(p + "stride"),
                       meta_int(p + "padding"), true);
   std::copy_n(w.data(), w.numel(), conv.weight().data());
   std::copy_n(get(p + "bias").data(), w.dim(0), conv.bias().data());

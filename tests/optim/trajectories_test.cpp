@@ -63,9 +63,9 @@ struct Model {
 
 std::unique_ptr<Model> make_model() {
   auto model = std::make_unique<layers::Sequential>();
-  model->add(std::make_unique<layers::Dense>(0, 6, 5, true));
+  model->add(std::make_unique<layers::Dense>("0", 6, 5, true));
   model->add(std::make_unique<layers::ActivationLayer>(layers::Activation::kRelu));
-  model->add(std::make_unique<layers::Dense>(2, 5, 3, true));
+  model->add(std::make_unique<layers::Dense>("2", 5, 3, true));
   for (const NamedTensor& p : model->named_parameters()) {
     const Tensor& init = get("init." + p.name);
     EXPECT_EQ(init.shape(), p.tensor.shape()) << p.name;

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# End-to-end checks of the experiment scripts (ctest: e2e_<case>), kept short: they check that the
-# scripts produce their outputs, not the figures (those are in the README and come from full runs).
+# End-to-end checks of the experiment scripts and benchmark tools (ctest: e2e_<case>), kept short:
+# they check that the scripts produce their outputs, not the figures (those are in the README and
+# come from full runs).
 #
 #   scripts_e2e.sh CASE TRAINER SOURCE_DIR SCRATCH_DIR [MPIEXEC]
 #
 # Cases (exit 77 = skipped when data/mnist, gnuplot or network namespaces are unavailable):
 #   scaling_sweep   scripts/scaling.sh at 1 and 2 ranks, fp32 and fp16: CSV rows, two PNG plots, the
-#                   model's prediction table and extrapolation
+#                   model's prediction table and extrapolation; then with a resnet20 config, whose
+#                   measured step the extrapolation takes
 #   netns_scaling   scripts/netns_scaling.sh with one throttled rate: 2 ranks in separate network
 #                   namespaces over TCP, and the model's prediction for them
+#   synthetic_benchmark  bench/synthetic_benchmark (Horovod's synthetic benchmark) on 1 and 2 ranks
+#                   with a small resnet20: Horovod's output lines and the RESULT line
 source "$(dirname "$0")/../e2e_common.sh"
 need_mnist
 BUILD=$(dirname "$TRAINER")  # the trainer sits at the top of the build directory
@@ -27,6 +31,18 @@ case "$CASE" in
     done
     grep -q "prediction against measurement" "$SCRATCH/sweep/model.txt" || fail "no prediction table"
     grep -q "ResNet-50" "$SCRATCH/sweep/model.txt" || fail "no ResNet-50 extrapolation"
+    # A ResNet config: the model's extrapolation uses its own measured step and buckets.
+    cat >resnet20.json <<'JSON'
+{"seed": 1, "data": {"dataset": "synthetic", "batch_size": 8, "synthetic": {"samples": 64, "test_samples": 8}},
+ "model": {"architecture": "resnet20", "num_classes": 10, "input_shape": [3, 8, 8]},
+ "optimizer": {"type": "sgd", "lr": 0.01, "momentum": 0.9}}
+JSON
+    bash "$SRC/scripts/scaling.sh" --build "$BUILD" --config "$SCRATCH/resnet20.json" --max-ranks 2 --compression none \
+      --fusion 4 --warmup 1 --steps 2 --reps 1 --out "$SCRATCH/resnet" >resnet.out 2>&1 ||
+      { cat resnet.out; fail "scaling.sh --config resnet20.json failed"; }
+    grep "resnet20 of" "$SCRATCH/resnet/model.txt" | sed 's/^/  /'
+    grep -q "resnet20 of .*resnet20.json (272,474 parameters" "$SCRATCH/resnet/model.txt" ||
+      fail "the extrapolation does not use the swept resnet20"
     ;;
   netns_scaling)
     bash "$SRC/scripts/netns_scaling.sh" --build "$BUILD" --rates 100mbit --steps 3 --allreduce-seconds 0.02 --out "$SCRATCH/netns" >netns.out 2>&1
@@ -35,6 +51,21 @@ case "$CASE" in
     [ $rc -eq 77 ] && exit 77
     [ $rc -eq 0 ] || fail "netns_scaling.sh exited with $rc"
     grep -q "largest prediction error" "$SCRATCH/netns/100mbit/model.txt" || fail "no prediction for the throttled link"
+    ;;
+  synthetic_benchmark)
+    for np in 1 2; do
+      cmd=("$BUILD/bench/synthetic_benchmark" --model resnet20 --input-shape 3,8,8 --batch-size 8 --num-classes 10
+           --threads 1 --num-warmup-batches 1 --num-batches-per-iter 2 --num-iters 3
+           --set "output_dir=\"$SCRATCH/np$np\"")
+      [ "$np" -gt 1 ] && cmd=("$MPIEXEC" -np "$np" --oversubscribe "${cmd[@]}")
+      "${cmd[@]}" >np$np.out 2>&1 || { cat np$np.out; fail "synthetic_benchmark on $np rank(s) failed"; }
+      grep -v '^RESULT' np$np.out | sed 's/^/  /'
+      grep -q "^Number of CPUs: $np (threads per process: 1)$" np$np.out || fail "no 'Number of CPUs: $np' line"
+      [ "$(grep -c '^Iter #[0-9]: [0-9.]* img/sec per CPU$' np$np.out)" -eq 3 ] || fail "expected 3 'Iter #' lines"
+      grep -q '^Img/sec per CPU: [0-9.]* +-[0-9.]*$' np$np.out || fail "no 'Img/sec per CPU' line"
+      grep -q "^Total img/sec on $np CPU(s): [0-9.]* +-[0-9.]*$" np$np.out || fail "no 'Total img/sec' line"
+      grep -q "^RESULT {.*\"ranks\":$np" np$np.out || fail "no RESULT line for $np rank(s)"
+    done
     ;;
   *)
     fail "unknown case '$CASE'"

@@ -8,6 +8,9 @@
 #                           between two checkpoints and resumed with --resume auto ends with weights
 #                           bitwise identical to a straight run's
 #   resume_exact_sgd        the same with the CNN and SGD with momentum (150 steps over 3 epochs)
+#   resume_exact_syncbn     the same with resnet20 (BatchNorm) and distributed.sync_batchnorm on
+#                           synthetic images: running statistics and batch counters resume too
+#   resume_exact_batchnorm  the same with per-rank BatchNorm and rank 0's buffers broadcast each step
 #   interrupted_write       rank 0 SIGKILLed half-way through writing a checkpoint: the previous one
 #                           still loads, --resume auto picks it, and the weights still match
 #   damaged_checkpoints     flipped byte, truncation, another model: auto reports each by name and
@@ -17,6 +20,9 @@
 #                           reaches the straight run's accuracy band
 #   pytorch_interop         scripts/checkpoint_to_pytorch.py's accuracy == trainer --evaluate's
 #                           within 0.01% (skipped without python3-torch)
+#   torchvision_interop     resnet18 both ways by name: the trainer's model.safetensors loads into
+#                           torchvision.models.resnet18 with strict=True, and a torchvision
+#                           state_dict is taken by model.init_from (skipped without torchvision)
 source "$(dirname "$0")/../e2e_common.sh"
 need_mnist
 
@@ -69,6 +75,19 @@ case "$CASE" in
     exact_resume sgd 70 60 mnist.json "${SMALL[@]}" --set data.max_train_samples=3200 --set training.epochs=3 \
       --set optimizer.type=sgd --set optimizer.lr=0.05 --set optimizer.momentum=0.9 \
       --set optimizer.schedule=cosine --set checkpoint.every_steps=20 --set checkpoint.every_epochs=0
+    ;;
+
+  resume_exact_syncbn | resume_exact_batchnorm)
+    # resnet20 on 3x8x8 random images: 512 / (2 ranks x 16) = 16 steps per epoch, 2 epochs.
+    # Checkpoints every 10 steps; killed after step 23, so the resume starts from 20.
+    sync=$([ "$CASE" = resume_exact_syncbn ] && echo true || echo false)
+    exact_resume batchnorm 23 20 mnist.json --set 'data.dataset="synthetic"' \
+      --set 'data.synthetic={"samples":512,"test_samples":64}' --set data.batch_size=16 \
+      --set 'model={"architecture":"resnet20","num_classes":10,"input_shape":[3,8,8]}' \
+      --set optimizer.type=sgd --set optimizer.lr=0.05 --set optimizer.momentum=0.9 --set training.epochs=2 \
+      --set checkpoint.every_steps=10 --set checkpoint.every_epochs=0 --set distributed.sync_batchnorm=$sync
+    grep -q "BatchNorm2d(16$([ "$sync" = true ] && echo ', synchronised across ranks'))" straight.out ||
+      fail "the model summary does not show BatchNorm with sync_batchnorm=$sync"
     ;;
 
   interrupted_write)
@@ -190,6 +209,65 @@ case "$CASE" in
     diff=$((ours > theirs ? ours - theirs : theirs - ours))
     [ "$diff" -le 1 ] || fail "accuracy differs by $diff images (> 0.01%)"
     echo "  trainer $ours vs PyTorch $theirs correct of 10000: difference $diff image(s)"
+    ;;
+
+  torchvision_interop)
+    PY=/usr/bin/python3
+    if ! $PY -c "import torch, torchvision" 2>/dev/null; then
+      echo "SKIP: python3-torchvision is not installed (scripts/setup.sh --with-torch)"
+      exit 77
+    fi
+    # resnet18 at 3x32x32 (conv1 and the stem as torchvision's), 10 classes, two steps on synthetic
+    # images; the safetensors reader and writer are the fixture script's, independent of ours.
+    R18=(mnist.json --set 'data.dataset="synthetic"' --set 'data.synthetic={"samples":32,"test_samples":16}'
+         --set data.batch_size=16 --set training.epochs=1)
+    MODEL='"architecture":"resnet18","num_classes":10,"input_shape":[3,32,32]'
+    train 1 ours "${R18[@]}" --set "model={$MODEL}"
+    cat >interop.py <<'PYTHON'
+import sys
+import torch
+import torchvision
+sys.path.insert(0, sys.argv[1])
+from make_fixtures import randomize_batchnorm, read_safetensors, write_safetensors
+
+def resnet18():
+    return torchvision.models.resnet18(num_classes=10)
+
+def load(path):
+    tensors, _ = read_safetensors(path)
+    return {k: torch.from_numpy(v.copy()) for k, v in tensors.items()}
+
+if sys.argv[2] == "ours-to-torchvision":
+    state = load("ours/model.safetensors")
+    model = resnet18()
+    model.load_state_dict(state, strict=True)  # every key, shape and dtype, buffers included
+    assert model.bn1.num_batches_tracked.dtype == torch.int64 and int(model.bn1.num_batches_tracked) == 2
+    print(f"  torchvision resnet18 loaded {len(state)} tensors with strict=True (num_batches_tracked 2)")
+elif sys.argv[2] == "write-torchvision":
+    torch.manual_seed(7)
+    model = resnet18()
+    randomize_batchnorm(model)
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.num_batches_tracked.fill_(5)
+    write_safetensors("torchvision.safetensors", model.state_dict(), {"source": "torchvision"})
+else:  # compare: one step at lr 0 moved no parameter; BatchNorm counted one more batch
+    ref, ours = load("torchvision.safetensors"), load("init/model.safetensors")
+    assert ref.keys() == ours.keys(), set(ref) ^ set(ours)
+    params = dict(resnet18().named_parameters())
+    for k in params:
+        assert torch.equal(ref[k], ours[k]), f"{k} differs from torchvision's"
+    counters = [k for k in ref if k.endswith("num_batches_tracked")]
+    for k in counters:
+        assert ours[k].dtype == torch.int64 and int(ours[k]) == 6, f"{k}: {ours[k]}"
+    print(f"  model.init_from took torchvision's {len(ref)} tensors: {len(params)} parameters bitwise, "
+          f"{len(counters)} batch counters 5 -> 6")
+PYTHON
+    $PY interop.py "$SRC/tests/fixtures" ours-to-torchvision || fail "torchvision could not load model.safetensors"
+    $PY interop.py "$SRC/tests/fixtures" write-torchvision || fail "could not write torchvision's state_dict"
+    train 1 init "${R18[@]}" --set "model={$MODEL,\"init_from\":\"$SCRATCH/torchvision.safetensors\"}" \
+      --set training.max_steps=1 --set optimizer.lr=0 --set optimizer.type=sgd --set optimizer.momentum=0
+    $PY interop.py "$SRC/tests/fixtures" compare || fail "model.init_from did not take torchvision's weights"
     ;;
 
   *)

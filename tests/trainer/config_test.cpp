@@ -226,6 +226,51 @@ TEST(ConfigErrors, MissingModel) {
   expect_config_error(s, {"model.input_shape", "missing"});
 }
 
+TEST(ParseConfig, ResnetPresetsAndSyntheticDataRoundTrip) {
+  for (const char* name : {"resnet20_fashion_mnist.json", "resnet50_synthetic.json"}) {
+    const Config c = parse_config(read_json_file(kSource + "/configs/" + name));
+    EXPECT_FALSE(c.model.architecture.empty()) << name;
+    const Json resolved = to_json(c);
+    EXPECT_FALSE(resolved["model"].contains("layers")) << name;
+    EXPECT_EQ(to_json(parse_config(resolved)), resolved) << name;
+  }
+  const Config r50 = parse_config(read_json_file(kSource + "/configs/resnet50_synthetic.json"));
+  EXPECT_EQ(r50.model.architecture, "resnet50");
+  EXPECT_EQ(r50.model.num_classes, 1000);
+  EXPECT_EQ(r50.data.dataset, DatasetKind::kSynthetic);
+  EXPECT_EQ(r50.data.synthetic.samples, 1024);
+  EXPECT_FALSE(r50.distributed.sync_batchnorm);
+  EXPECT_TRUE(r50.distributed.broadcast_buffers);
+  Json j = read_json_file(kSource + "/configs/resnet20_fashion_mnist.json");
+  j["distributed"]["sync_batchnorm"] = true;
+  j["distributed"]["broadcast_buffers"] = false;
+  const Config synced = parse_config(j);
+  EXPECT_TRUE(synced.distributed.sync_batchnorm);
+  EXPECT_FALSE(synced.distributed.broadcast_buffers);
+  EXPECT_EQ(to_json(parse_config(to_json(synced))), to_json(synced));
+}
+
+TEST(ConfigErrors, ArchitectureLayersAndSyntheticKeys) {
+  Json both = mnist();
+  both["model"]["architecture"] = "resnet20";
+  expect_config_error(both, {"model.layers", "model.architecture", "exclude each other"});
+  Json classes = mnist();
+  classes["model"]["num_classes"] = 10;
+  expect_config_error(classes, {"model.num_classes", "model.architecture"});
+  Json zero = read_json_file(kSource + "/configs/resnet50_synthetic.json");
+  zero["model"]["num_classes"] = 0;
+  expect_config_error(zero, {"model.num_classes", "out of range"});
+  Json stray = mnist();
+  stray["data"]["synthetic"] = Json::parse(R"({"samples": 8})");
+  expect_config_error(stray, {"data.synthetic", "\"synthetic\" only"});
+  Json unknown = read_json_file(kSource + "/configs/resnet50_synthetic.json");
+  unknown["data"]["synthetic"]["sample"] = 8;
+  expect_config_error(unknown, {"data.synthetic.sample", "not a known key"});
+  Json sync = mnist();
+  sync["distributed"]["sync_batchnorm"] = "yes";
+  expect_config_error(sync, {"distributed.sync_batchnorm"});
+}
+
 TEST(ReadJsonFile, MissingFileAndSyntaxErrorNameTheFile) {
   expect_error([] { read_json_file(kSource + "/configs/no_such_config.json"); },
                {"no_such_config.json", "cannot open"});

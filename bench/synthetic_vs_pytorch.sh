@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Horovod's synthetic benchmark, ours against torchvision's model on PyTorch, one thread each, in
+# one run: resnet18 on 3x64x64 and resnet50 on 3x224x224, batch 32, SGD with momentum. Runs are
+# interleaved (ours, torch, ours, torch, ...) so that drift on a noisy machine hits both; the ratio
+# is of the medians.
+#
+#   bench/synthetic_vs_pytorch.sh [build-dir] [rounds]      (defaults: build, 3; about 15 minutes)
+#
+# Needs /usr/bin/python3 with torch and torchvision (scripts/setup.sh --with-torch).
+set -euo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${1:-$repo_root/build}"
+rounds="${2:-3}"
+bench="$build/bench/synthetic_benchmark"
+[[ -x "$bench" ]] || { echo "synthetic_vs_pytorch: $bench not built (cmake --build $build --target synthetic_benchmark)" >&2; exit 1; }
+/usr/bin/python3 -c 'import torch, torchvision' 2>/dev/null || {
+  echo "synthetic_vs_pytorch: needs /usr/bin/python3 with torch and torchvision (scripts/setup.sh --with-torch)" >&2; exit 1; }
+
+median() { /usr/bin/python3 -c 'import statistics,sys; print(statistics.median(float(v) for v in sys.argv[1:]))' "$@"; }
+result() { sed -n 's/^RESULT //p' | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["img_per_sec_median"])'; }
+
+printf '%-9s %-10s %6s %14s %14s %7s\n' model input batch "ours img/s" "torch img/s" ratio
+# resnet50 is short (1 warm-up, 2 x 2 timed batches): a PyTorch step takes about 35 s on one thread here.
+for case in "resnet18 3,64,64 2 5 5" "resnet50 3,224,224 1 2 2"; do
+  read -r model shape warmup iters per_iter <<<"$case"
+  flags=(--model "$model" --input-shape "$shape" --batch-size 32 --num-classes 1000 --threads 1
+         --num-warmup-batches "$warmup" --num-batches-per-iter "$per_iter" --num-iters "$iters")
+  ours=() torch=()
+  for ((round = 0; round < rounds; ++round)); do
+    ours+=("$("$bench" "${flags[@]}" | result)")
+    torch+=("$(/usr/bin/python3 "$repo_root/bench/torch_synthetic_bench.py" "${flags[@]}" | result)")
+  done
+  o=$(median "${ours[@]}") t=$(median "${torch[@]}")
+  /usr/bin/python3 -c "print(f'{\"$model\":<9} {\"$shape\":<10} {32:6d} {$o:14.1f} {$t:14.1f} {$o/$t:6.2f}x')"
+done
