@@ -1,7 +1,16 @@
-// Builds the located error message thrown by DPTRAIN_CHECK / DPTRAIN_FAIL.
+// Builds the located error message thrown by DPTRAIN_CHECK / DPTRAIN_FAIL; errno as text.
 #include "core/error.h"
 
 #include <cstring>
+
+namespace dptrain {
+
+std::string errno_text(int error) {
+  const char* name = strerrorname_np(error);
+  return std::string(std::strerror(error)) + (name ? " (" + std::string(name) + ")" : "");
+}
+
+}  // namespace dptrain
 
 namespace dptrain::detail {
 

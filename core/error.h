@@ -13,6 +13,9 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// "No space left on device (ENOSPC)": errno as the manual says it, and the name to search for.
+std::string errno_text(int error);
+
 namespace detail {
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);
 

@@ -75,6 +75,27 @@ std::vector<char> serialize(const std::vector<NamedTensor>& tensors,
   return out;
 }
 
+namespace {
+
+// A JSON array of integers as int64. nlohmann's get<int64_t>() would cast a float such as 3e38
+// (undefined behaviour out of range: found by fuzz_checkpoint) and wrap a negative into uint64_t.
+std::vector<int64_t> integers(const json& list, const std::string& source, const std::string& name,
+                              const char* field) {
+  DPTRAIN_CHECK(list.is_array(), source, ": tensor '", name, "' has a ", field, " that is not a list");
+  std::vector<int64_t> out;
+  for (const json& v : list) {
+    DPTRAIN_CHECK(v.is_number_integer() &&
+                      !(v.is_number_unsigned() &&
+                        v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())),
+                  source, ": tensor '", name, "' has a ", field,
+                  " entry that is not an integer in int64's range: ", v.dump());
+    out.push_back(v.get<int64_t>());
+  }
+  return out;
+}
+
+}  // namespace
+
 File parse(const std::vector<char>& bytes, const std::string& source) {
   DPTRAIN_CHECK(bytes.size() >= 8, source, ": not a safetensors file: ", bytes.size(),
                 " bytes, shorter than the 8-byte header length");
@@ -108,8 +129,12 @@ File parse(const std::vector<char>& bytes, const std::string& source) {
     }
     try {
       const std::string dtype = entry.at("dtype").get<std::string>();
-      const auto shape = entry.at("shape").get<std::vector<int64_t>>();
-      const auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
+      const std::vector<int64_t> shape = integers(entry.at("shape"), source, name, "shape");
+      std::vector<uint64_t> offsets;
+      for (const int64_t offset : integers(entry.at("data_offsets"), source, name, "data_offsets")) {
+        DPTRAIN_CHECK(offset >= 0, source, ": tensor '", name, "' has a negative data offset");
+        offsets.push_back(static_cast<uint64_t>(offset));
+      }
       DPTRAIN_CHECK(dtype == "F32" || dtype == "I32" || dtype == "I64", source, ": tensor '", name,
                     "' has dtype ", dtype, "; only F32 (and I32, I64 counters) are supported");
       const uint64_t element_bytes = dtype == "I64" ? 8 : 4;

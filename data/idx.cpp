@@ -91,11 +91,12 @@ IdxArray read_idx(const std::string& path) {
     total *= dim;
   }
 
-  // Grow the buffer as data arrives rather than trusting the header with one huge allocation.
-  constexpr int64_t kChunk = int64_t{1} << 24;
+  // Grow the buffer as data arrives, doubling from 64 KiB up to 16 MiB steps, rather than trusting the
+  // header with one huge allocation: a 30-byte file that claims a terabyte costs 64 KiB.
+  constexpr int64_t kFirstChunk = int64_t{1} << 16, kLargestChunk = int64_t{1} << 24;
   int64_t have = 0;
   while (have < total) {
-    const int64_t want = std::min(kChunk, total - have);
+    const int64_t want = std::min({std::clamp(have, kFirstChunk, kLargestChunk), total - have});
     out.bytes.resize(static_cast<std::size_t>(have + want));
     const int64_t got = read_some(f, path, out.bytes.data() + have, want);
     have += got;

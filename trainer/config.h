@@ -26,6 +26,7 @@ enum class CommBackend { kAuto, kNccl, kMpi };  // kAuto: NCCL on GPUs, MPI on C
 enum class DatasetKind { kMnist, kFashionMnist, kLinear, kSynthetic };
 enum class LossKind { kCrossEntropy, kMse };
 enum class OptimizerKind { kSgd, kAdam, kAdamW };
+enum class OnCheckpointError { kStop, kWarn };  // what a failed checkpoint write does to the run
 
 // The config spellings ("fashion_mnist", "mse", "adamw", ...).
 std::string to_string(DeviceKind kind);
@@ -113,6 +114,9 @@ struct CheckpointConfig {
   int64_t every_epochs = 1;  // 0: not at epoch ends (one is still written when training ends)
   int64_t every_steps = 0;   // 0: not by step count
   int64_t keep = 3;          // newest K kept; 0: all
+  // "stop": the job stops with a failure status; "warn": training goes on, the next checkpoint
+  // tries again.
+  OnCheckpointError on_error = OnCheckpointError::kStop;
 };
 
 struct Config {

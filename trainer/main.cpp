@@ -1,4 +1,6 @@
 // trainer: command-line entry point. Any failure prints one line naming the rank and stops every rank.
+// Exit statuses: 0 done; 1 failed; 75 stopped by SIGTERM, SIGINT or SIGUSR1 after writing a
+// checkpoint (resume with --resume auto); 130 a second SIGINT (stopped at once).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
@@ -6,6 +8,7 @@
 #include "core/error.h"
 #include "distributed/world.h"
 #include "trainer/config.h"
+#include "trainer/stop_signals.h"
 #include "trainer/train.h"
 
 using namespace dptrain;
@@ -54,7 +57,10 @@ int main(int argc, char** argv) {
     if (!evaluate_path.empty()) {
       trainer::evaluate_checkpoint(config, world, evaluate_path);
     } else {
-      trainer::train(config, world, run_options);
+      trainer::install_stop_handlers();
+      // Every rank stopped after the same step, so every rank leaves MPI together.
+      if (!trainer::train(config, world, run_options).stopped_by.empty())
+        return trainer::kExitStoppedWithCheckpoint;
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dptrain: error on rank %d: %s\n", world.rank(), e.what());

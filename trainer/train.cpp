@@ -13,6 +13,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <memory>
 #include <optional>
 #include <thread>
 
@@ -27,10 +29,27 @@
 #include "distributed/state_sync.h"
 #include "layers/build.h"
 #include "trainer/devices.h"
+#include "trainer/run_lock.h"
 #include "trainer/trainer.h"
 
 namespace dptrain::trainer {
 namespace {
+
+// Written by rank 0 when a signal stopped the run (Trainer::write_stop_note); removed when a run starts.
+std::string stop_note_path(const Config& c) {
+  return c.output_dir + "/stopped.json";
+}
+
+// The directories a run writes: output_dir, and checkpoint.dir when it lies elsewhere.
+std::vector<std::string> run_directories(const Config& c) {
+  namespace fs = std::filesystem;
+  const fs::path output = fs::weakly_canonical(c.output_dir),
+                 checkpoints = fs::weakly_canonical(c.checkpoint.dir);
+  if (std::mismatch(output.begin(), output.end(), checkpoints.begin(), checkpoints.end()).first ==
+      output.end())
+    return {c.output_dir};
+  return {c.output_dir, c.checkpoint.dir};
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -207,8 +226,9 @@ void Trainer::start(const RunOptions& options) {
   }
 }
 
-std::vector<EpochMetrics> Trainer::run() {
+TrainingResult Trainer::run() {
   if (world_.is_root()) {
+    std::filesystem::remove(stop_note_path(config_));  // a previous run's: this one decides anew
     if (!resumed_) {
       const std::string cleared = checkpoints_.clear_earlier();
       if (!cleared.empty()) std::printf("%s\n", cleared.c_str());
@@ -216,19 +236,26 @@ std::vector<EpochMetrics> Trainer::run() {
     print_summary(config_, summary());
   }
   MetricsLog metrics(config_, world_.is_root(), /*append=*/resumed_);
-  std::vector<EpochMetrics> history;
+  TrainingResult result;
   for (int64_t epoch = position_.epochs_completed + 1;
-       epoch <= config_.training.epochs && !step_limit_reached(); ++epoch) {
+       epoch <= config_.training.epochs && !step_limit_reached() && !stop_.any(); ++epoch) {
     EpochMetrics m = train_epoch(epoch);
+    // A stop request wants the checkpoint now: the grace before SIGKILL may be a second or two.
+    if (stop_.any()) break;
     const Evaluation e = evaluate();
     m.test_loss = e.loss;
     m.test_accuracy = e.accuracy;
-    history.push_back(m);
+    result.epochs.push_back(m);
     if (world_.is_root()) print_epoch(config_, world_.size(), m);
     metrics.write(m, world_.size());
     if (checkpoints_.due_at_epoch_end(epoch, position_.global_step, m.stopped_early)) save_checkpoint();
   }
   if (checkpoints_.due_at_end(position_.global_step)) save_checkpoint();
+  if (stop_.any()) {
+    result.stopped_by = stop_.describe();
+    write_stop_note(result.stopped_by);
+    return result;
+  }
   if (world_.is_root()) {
     const std::string path = config_.output_dir + "/model.safetensors";
     std::filesystem::create_directories(config_.output_dir);
@@ -239,7 +266,7 @@ std::vector<EpochMetrics> Trainer::run() {
     std::printf("final weights: %s\n", path.c_str());
   }
   if (!config_.distributed.timeline.empty()) write_timeline(*comm_, config_.distributed.timeline);
-  return history;
+  return result;
 }
 
 EpochMetrics Trainer::train_epoch(int64_t epoch) {
@@ -251,14 +278,15 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
   StepTotals totals;
   const auto start = Clock::now();
   int64_t step = 0;
-  for (; step < steps && !step_limit_reached(); ++step) {
+  for (; step < steps && !step_limit_reached() && !stop_.any(); ++step) {
     fault_.before_step(world_.rank(), position_.global_step);
     train_step(epoch, step, totals);
     progress_.update(
         step, totals.loss_sum / totals.samples,
         config_.model.loss == LossKind::kMse ? -1.0 : static_cast<double>(totals.correct) / totals.samples,
         totals.samples * world_.size() / seconds_since(start));
-    const bool epoch_ends = step + 1 == steps || step_limit_reached();
+    stop_ = agree_on_stop();
+    const bool epoch_ends = step + 1 == steps || step_limit_reached() || stop_.any();
     if (!epoch_ends && checkpoints_.due_after_step(position_.global_step)) save_checkpoint();
   }
   progress_.end_epoch();
@@ -472,6 +500,35 @@ void Trainer::save_checkpoint() {
 
 // ---- helpers ----
 
+// Once per step: one allreduce of three counters. Every rank leaves the loop after the same step, so
+// rank 0's checkpoint is of the step every rank stopped at.
+StopRequests Trainer::agree_on_stop() const {
+  StopRequests requests = StopRequests::of_this_process();
+  if (world_.size() == 1) return requests;
+  int64_t counts[3] = {requests.sigterm, requests.sigint, requests.sigusr1};
+  comm_->allreduce(std::span<int64_t>(counts), distributed::ReduceOp::kSum, "allreduce of stop requests");
+  return {.sigterm = counts[0], .sigint = counts[1], .sigusr1 = counts[2]};
+}
+
+// Rank 0 records the stop beside the checkpoints (stop_note_path): under mpirun, a SIGTERM to
+// mpirun itself makes mpirun exit 1 whatever the ranks return, and a wrapper can still tell.
+void Trainer::write_stop_note(const std::string& why) const {
+  if (!world_.is_root()) return;
+  const std::string checkpoint = config_.checkpoint.dir + "/" + checkpoint_file_name(position_.global_step);
+  const Json note = {{"stopped_by", why},
+                     {"global_step", position_.global_step},
+                     {"checkpoint", checkpoint},
+                     {"exit_status", kExitStoppedWithCheckpoint},
+                     {"resume", "run the same command with --resume auto"}};
+  std::ofstream(stop_note_path(config_)) << note.dump() << "\n";
+  std::fflush(stdout);
+  std::fprintf(stderr,
+               "dptrain: stopped by %s after step %lld, checkpoint %s written; exiting with status %d "
+               "(resume with --resume auto)\n",
+               why.c_str(), static_cast<long long>(position_.global_step), checkpoint.c_str(),
+               kExitStoppedWithCheckpoint);
+}
+
 std::vector<NamedTensor> Trainer::model_state() const {
   return layers::state_tensors(*model_);
 }
@@ -519,9 +576,15 @@ RunSummary Trainer::summary() const {
 
 // ---- the interface of train.h ----
 
-std::vector<EpochMetrics> train(const Config& config, const distributed::World& world,
-                                const RunOptions& options) {
+TrainingResult train(const Config& config, const distributed::World& world, const RunOptions& options) {
   use_threads(config, world);
+  // Before anything reads or clears checkpoints: a second job on these directories stops here.
+  std::vector<std::unique_ptr<DirectoryLock>> locks;
+  if (world.is_root()) {
+    const auto report = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+    for (const std::string& dir : run_directories(config))
+      locks.push_back(std::make_unique<DirectoryLock>(dir, report));
+  }
   Trainer trainer(config, world);
   trainer.start(options);
   return trainer.run();

@@ -38,9 +38,17 @@ struct RunOptions {
   std::string resume;
 };
 
-// Runs the configured training on this process's world; returns one entry per (partial) epoch.
-std::vector<EpochMetrics> train(const Config& config, const distributed::World& world,
-                                const RunOptions& options = {});
+struct TrainingResult {
+  std::vector<EpochMetrics> epochs;  // one entry per (partial) epoch
+  // Non-empty when a signal stopped the run at a step boundary after its checkpoint was written
+  // (trainer/stop_signals.h): "SIGTERM on 1 rank". The process should then exit with
+  // kExitStoppedWithCheckpoint.
+  std::string stopped_by;
+};
+
+// Runs the configured training on this process's world. Rank 0 holds the run directories' locks
+// (trainer/run_lock.h) throughout.
+TrainingResult train(const Config& config, const distributed::World& world, const RunOptions& options = {});
 
 struct BenchmarkOptions {
   int64_t warmup_steps = 20;

@@ -20,6 +20,7 @@
 #include "trainer/config.h"
 #include "trainer/progress.h"
 #include "trainer/report.h"
+#include "trainer/stop_signals.h"
 #include "trainer/train.h"
 
 namespace dptrain::trainer {
@@ -32,7 +33,7 @@ class Trainer {
   // Rank 0 alone reads files (the checkpoint to resume, model.init_from), so no shared filesystem
   // is needed; then every rank takes rank 0's parameters, optimizer state and position.
   void start(const RunOptions& options);
-  std::vector<EpochMetrics> run();
+  TrainingResult run();
   Evaluation evaluate_checkpoint(const std::string& path);
   BenchmarkResult benchmark(const BenchmarkOptions& options);
 
@@ -51,6 +52,9 @@ class Trainer {
   };
 
   EpochMetrics train_epoch(int64_t epoch);
+  // Whether any rank received a stop signal, agreed by all after each step.
+  StopRequests agree_on_stop() const;
+  void write_stop_note(const std::string& why) const;
   void train_step(int64_t epoch, int64_t step, StepTotals& totals);
   Evaluation evaluate();
   void load_batch(const data::Dataset& ds, std::span<const int64_t> indices);
@@ -89,6 +93,7 @@ class Trainer {
   Batch batch_;
   TrainingPosition position_;
   bool resumed_ = false;
+  StopRequests stop_;  // agreed by all ranks; any(): the loop ends after this step
   double lr_ = 0;
   uint64_t checksum_ = 0;
 };

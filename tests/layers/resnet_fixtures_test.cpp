@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,13 @@
 #include "layers/build.h"
 #include "layers/module.h"
 #include "optim/optimizer.h"
+
+namespace dptrain {
+// gtest names the parameter in test listings ("cpu"), not as bytes; found by argument lookup.
+void PrintTo(const Device& device, std::ostream* out) {
+  *out << device.str();
+}
+}  // namespace dptrain
 
 namespace dptrain::layers {
 namespace {

@@ -4,8 +4,10 @@
 #include "trainer/checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "trainer/checkpointing.h"
 
 namespace dptrain::trainer {
 namespace {
@@ -306,6 +309,87 @@ TEST_F(CheckpointFiles, RestoreRejectsAnotherModelOrOptimizerAndChangesNothing) 
 
   const std::vector<NamedTensor> fewer_params = {{"0.weight", Tensor::zeros({3, 2})}};
   expect_rejected(bytes, {"'0.bias'", "no counterpart", "model"}, &fewer_params);
+}
+
+// A file system that refuses the bytes, made real with RLIMIT_FSIZE: write(2) fails with EFBIG
+// part-way, as it fails with ENOSPC on a full disk or EDQUOT over a quota (e2e_checkpoint_full_disk
+// fills a real 1 MiB tmpfs). SIGXFSZ is ignored meanwhile, so the write returns the error instead.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    ::getrlimit(RLIMIT_FSIZE, &saved_);
+    previous_ = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit limit = saved_;
+    limit.rlim_cur = bytes;
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+  }
+  ~FileSizeLimit() {
+    ::setrlimit(RLIMIT_FSIZE, &saved_);
+    std::signal(SIGXFSZ, previous_);
+  }
+
+ private:
+  rlimit saved_{};
+  void (*previous_)(int) = nullptr;
+};
+
+TEST_F(CheckpointFiles, AFailedWriteNamesTheFileAndReasonAndLeavesNoTempFile) {
+  const std::string first = write(10);
+  const std::vector<char> bytes = encode_checkpoint(sample_data());
+  try {
+    FileSizeLimit limit(bytes.size() / 3);
+    write_file_durably(path(20), bytes);
+    ADD_FAILURE() << "the write succeeded past the file size limit";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    for (const std::string& fragment : {path(20), std::string("failed: File too large (EFBIG)"),
+                                        std::string("earlier files are untouched")})
+      EXPECT_NE(message.find(fragment), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << "one line: " << message;
+  }
+  EXPECT_FALSE(fs::exists(path(20)));
+  EXPECT_FALSE(fs::exists(dir_ / ".ckpt-00000020.safetensors.tmp")) << "the partial temp file was left";
+  EXPECT_EQ(read_checkpoint(first).position.global_step, 123);
+  EXPECT_EQ(list_checkpoints(dir_.string()), std::vector<std::string>{first});
+}
+
+// checkpoint.on_error: "stop" throws (the job stops with a failure status), "warn" returns and
+// training goes on; either way earlier checkpoints stay and nothing partial is left.
+TEST_F(CheckpointFiles, OnErrorStopThrowsAndWarnGoesOn) {
+  CheckpointConfig config{.dir = dir_.string(), .every_epochs = 0, .every_steps = 10, .keep = 1};
+  Checkpoints stop(config, /*rank=*/0, InjectedFault{});
+  CheckpointData data = sample_data();
+  // 40 KB of weights: the size limit below then still leaves room for the captured warning.
+  data.parameters.push_back({"1.weight", Tensor::zeros({10000})});
+  data.position.global_step = 10;
+  EXPECT_NE(stop.save(data).find("checkpoint: " + path(10)), std::string::npos);
+  data.position.global_step = 20;
+  const std::size_t size = encode_checkpoint(data).size();
+  {
+    FileSizeLimit limit(size / 2);
+    try {
+      stop.save(data);
+      ADD_FAILURE() << "on_error stop did not throw";
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("checkpoint of step 20"), std::string::npos) << message;
+      EXPECT_NE(message.find(path(20)), std::string::npos) << message;
+      EXPECT_NE(message.find("checkpoint.on_error \"warn\""), std::string::npos) << message;
+    }
+    config.on_error = OnCheckpointError::kWarn;
+    Checkpoints warn(config, 0, InjectedFault{});
+    data.position.global_step = 30;
+    testing::internal::CaptureStderr();
+    EXPECT_EQ(warn.save(data), "");
+    const std::string warning = testing::internal::GetCapturedStderr();
+    EXPECT_NE(warning.find("warning: checkpoint of step 30 not written"), std::string::npos) << warning;
+    EXPECT_NE(warning.find("the next checkpoint tries again"), std::string::npos) << warning;
+  }
+  // keep 1 pruned nothing on the failures: the step-10 checkpoint is the one left, whole.
+  EXPECT_EQ(list_checkpoints(dir_.string()), std::vector<std::string>{path(10)});
+  EXPECT_EQ(read_checkpoint(path(10)).position.global_step, 10);
+  for (const auto& entry : fs::directory_iterator(dir_))
+    EXPECT_EQ(entry.path().filename().string().find(".tmp"), std::string::npos) << entry.path();
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
 #include <initializer_list>
 #include <string>
 
@@ -277,6 +279,11 @@ TEST(ReadJsonFile, MissingFileAndSyntaxErrorNameTheFile) {
   // A file that exists but is not JSON (this test's own CMakeLists).
   expect_error([] { read_json_file(kSource + "/tests/trainer/CMakeLists.txt"); },
                {"CMakeLists.txt", "not valid JSON"});
+  // A number beyond double's range (found by fuzz_config; its input is in tests/fuzz/regressions).
+  const std::string huge = ::testing::TempDir() + "dptrain_huge_number.json";
+  std::ofstream(huge) << R"({"seed": 1, "optimizer": {"lr": 1e400}})";
+  expect_error([&] { read_json_file(huge); }, {huge, "not valid JSON", "1e400"});
+  std::remove(huge.c_str());
 }
 
 // ---- apply_override -------------------------------------------------------------------------
@@ -331,6 +338,11 @@ TEST(ApplyOverride, InvalidAssignments) {
   expect_error([&] { apply_override(j, "x=[1,"); }, {"not JSON"});
   expect_error([&] { apply_override(j, "x=two words"); }, {"not JSON"});
   expect_error([&] { apply_override(j, "data.batch_size.x=1"); }, {"data.batch_size", "not an object"});
+  // Found by fuzz_config: nlohmann's out_of_range escaped, naming no key.
+  expect_error([&] { apply_override(j, "optimizer.lr=1e400"); }, {"optimizer.lr=1e400", "out of range"});
+  // Also found by fuzz_config: a bare word with a byte that is not UTF-8 was taken as a string and
+  // failed later, in nlohmann's dump, when rank 0 sent the config to the other ranks.
+  expect_error([&] { apply_override(j, "output_dir=runs\xf5x"); }, {"output_dir=runs", "not valid UTF-8"});
   EXPECT_EQ(j, mnist()) << "a rejected override must not change the config";
   expect_error([&] { apply_override(j, "a..b=1"); }, {"empty key"});
 }

@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# End-to-end checks of what clusters do to jobs, with the real `trainer` (ctest: e2e_<case>).
+#
+#   signals_e2e.sh CASE TRAINER SOURCE_DIR SCRATCH_DIR [MPIEXEC]
+#
+# Cases (the MNIST CNN on a subset, 2 ranks; exit 77 = skipped when data/mnist is absent):
+#   stop_sigterm_mpirun   SIGTERM to mpirun mid-run: the ranks stop after the same step, rank 0
+#                         writes that step's checkpoint and stopped.json; mpirun itself exits 1 (Open
+#                         MPI's own status for a SIGTERM it receives); --resume auto then ends with
+#                         model.safetensors byte-identical to a run never stopped
+#   stop_sigusr1          the same with SIGUSR1, which mpirun forwards: mpirun exits 75
+#   stop_sigterm_one_rank SIGTERM to one rank's process only: every rank stops, status 75
+#   second_sigint         one process, SIGINT twice: it stops at once with status 130
+#   checkpoint_full_disk  checkpoint.dir on a 1 MiB tmpfs that holds one checkpoint, not two:
+#                         on_error "stop" ends the run with one line naming the file and ENOSPC, the
+#                         first checkpoint still loads and no temp file is left; "warn" finishes
+#                         (needs root to mount the tmpfs; skipped otherwise); then the tmpfs
+#                         read-only: the run stops at start naming it and EROFS
+#   output_dir_lock       a second trainer on a running job's output_dir stops at start naming the
+#                         holder; once the holder is SIGKILLed, a third takes the lock over, saying so
+source "$(dirname "$0")/../e2e_common.sh"
+need_mnist
+
+# 8192 samples / (2 ranks x 32) = 128 steps per epoch, 2 epochs; a checkpoint every 20 steps. The
+# signal goes out once step 20's checkpoint exists; a SIGTERM to mpirun reaches the ranks 1 s later,
+# so the run must have that second left (about 100 steps here, 20 under ASan).
+RUN=(mnist.json --set data.max_train_samples=8192 --set data.max_test_samples=500 --set data.batch_size=32
+     --set training.epochs=2 --set checkpoint.every_steps=20 --set checkpoint.every_epochs=0)
+
+# wait_for FILE [SECONDS]: until FILE exists (default 120 s), else fail.
+wait_for() {
+  local deadline=$((SECONDS + ${2:-120}))
+  until [ -e "$1" ]; do
+    [ $SECONDS -lt $deadline ] || fail "timed out waiting for $1"
+    sleep 0.05
+  done
+}
+
+# start NP NAME CONFIG...: launches like `launch` but in the background; PID holds its process.
+start() {
+  local np=$1 name=$2 config=$3
+  shift 3
+  local cmd=("$TRAINER" --config "$SRC/configs/$config" --set "output_dir=\"$SCRATCH/${RUN_DIR:-$name}\""
+             --set threads=1 --set "data.dir=\"$SRC/data/mnist\"" "$@")
+  [ "$np" -gt 1 ] && cmd=("$MPIEXEC" -np "$np" --oversubscribe "${cmd[@]}")
+  "${cmd[@]}" >"$name.out" 2>"$name.err" &
+  PID=$!
+}
+
+# finish NAME: waits for the background launch; RC = its status, ELAPSED = seconds since STAMP.
+finish() {
+  RC=0
+  wait "$PID" || RC=$?
+  ELAPSED=$(since "$STAMP")
+  printf '  %-28s exit %d, %s s after the signal\n' "$1" "$RC" "$ELAPSED"
+}
+
+# stop_and_resume SIGNAL TARGET EXPECTED_STATUS EXPECTED_REQUESTS: a run signalled after its step-20
+# checkpoint, then resumed; TARGET is "mpirun" or "rank" (one rank's process); EXPECTED_REQUESTS is
+# what stopped.json must say stopped it ("SIGTERM on 2 ranks").
+stop_and_resume() {
+  local signal=$1 target=$2 expected=$3 requests=$4
+  train 2 straight "${RUN[@]}"
+  RUN_DIR=run start 2 stopped "${RUN[@]}"
+  wait_for "$SCRATCH/run/checkpoints/ckpt-00000020.safetensors"
+  local victim=$PID
+  if [ "$target" = rank ]; then
+    victim=$(children_of "$PID" | head -1)
+    [ -n "$victim" ] || fail "no rank process under mpirun $PID"
+  fi
+  STAMP=$(date +%s.%N)
+  kill -"$signal" "$victim"
+  finish stopped
+  sed 's/^/    /' stopped.err | grep -v '^    $' | head -5
+  [ "$RC" -eq "$expected" ] || fail "expected exit status $expected, got $RC"
+  awk -v t="$ELAPSED" 'BEGIN { exit !(t <= 5) }' || fail "the job took ${ELAPSED} s to end (limit 5 s)"
+  [ -s "$SCRATCH/run/stopped.json" ] || fail "no stopped.json"
+  local step
+  step=$(sed -n 's/.*"global_step":\([0-9]*\).*/\1/p' "$SCRATCH/run/stopped.json")
+  echo "  stopped.json: $(cat "$SCRATCH/run/stopped.json")"
+  grep -q "\"stopped_by\":\"$requests\"" "$SCRATCH/run/stopped.json" || fail "stopped.json does not say $requests"
+  [ -n "$step" ] && [ "$step" -ge 20 ] && [ "$step" -lt 256 ] || fail "stopped at step '$step', not mid-run"
+  local ckpt=$SCRATCH/run/checkpoints/ckpt-$(printf %08d "$step").safetensors
+  [ -e "$ckpt" ] || fail "no checkpoint of the step it stopped at ($ckpt)"
+  [ ! -e "$SCRATCH/run/model.safetensors" ] || fail "a stopped run wrote final weights"
+  grep -q "exiting with status 75" stopped.err || fail "no line saying the run stopped with status 75"
+  RUN_DIR=run train 2 resumed "${RUN[@]}" --resume auto
+  grep -q "resuming from $ckpt" resumed.out || fail "did not resume from $ckpt: $(grep resuming resumed.out)"
+  [ ! -e "$SCRATCH/run/stopped.json" ] || fail "stopped.json outlived the resumed run's start"
+  cmp straight/model.safetensors run/model.safetensors || fail "resumed weights differ from the straight run's"
+  echo "  stopped at step $step with its checkpoint; resumed run's weights bitwise identical to the straight run's"
+}
+
+case "$CASE" in
+  stop_sigterm_mpirun)
+    # Open MPI's mpirun answers SIGTERM by signalling the ranks SIGTERM after
+    # odls_base_sigkill_timeout (1 s) and SIGKILL after as long again, and exits 1 itself.
+    stop_and_resume TERM mpirun 1 "SIGTERM on 2 ranks"
+    ;;
+
+  stop_sigusr1)
+    stop_and_resume USR1 mpirun 75 "SIGUSR1 on 2 ranks"
+    ;;
+
+  stop_sigterm_one_rank)
+    stop_and_resume TERM rank 75 "SIGTERM on 1 rank"
+    ;;
+
+  second_sigint)
+    RUN_DIR=run start 1 interrupted "${RUN[@]}"
+    wait_for "$SCRATCH/run/checkpoints/ckpt-00000020.safetensors"
+    STAMP=$(date +%s.%N)
+    kill -INT "$PID"
+    kill -INT "$PID"
+    finish interrupted
+    sed 's/^/    /' interrupted.err
+    [ "$RC" -eq 130 ] || fail "expected exit status 130 after a second SIGINT, got $RC"
+    grep -q "second SIGINT: stopping at once" interrupted.err || fail "no line about the second SIGINT"
+    ;;
+
+  checkpoint_full_disk)
+    small=$SCRATCH/small
+    mkdir -p "$small"
+    if ! mount -t tmpfs -o size=1m dptrain_e2e_full "$small" 2>mount.err; then
+      echo "SKIP: cannot mount a tmpfs here ($(cat mount.err)); needs root"
+      exit 77
+    fi
+    trap 'umount "$small"' EXIT
+    # The MLP with SGD momentum: 814 KB a checkpoint, so the first fits in 1 MiB and the second
+    # cannot (the first is pruned only after the second is written).
+    MLP=(mnist_mlp.json --set data.max_train_samples=2048 --set data.batch_size=32 --set training.epochs=1
+         --set optimizer.type=sgd --set optimizer.momentum=0.9 --set checkpoint.every_steps=10
+         --set "checkpoint.dir=\"$small\"")
+    launch 2 full_stop "${MLP[@]}"
+    sed 's/^/    /' full_stop.err | grep "dptrain:" | head -3
+    [ "$RC" -ne 0 ] || fail "a checkpoint that cannot be written did not stop the run"
+    grep -q "dptrain: error on rank 0: checkpoint of step 20: cannot write $small/ckpt-00000020.safetensors: .*No space left on device (ENOSPC)" full_stop.err ||
+      fail "the error does not name the file and ENOSPC"
+    [ "$(ls -A "$small" | grep -c tmp)" -eq 0 ] || fail "a temp file was left: $(ls -A "$small")"
+    launch 1 evaluate_first "${MLP[@]}" --evaluate "$small/ckpt-00000010.safetensors"
+    [ "$RC" -eq 0 ] || fail "the earlier checkpoint does not load: $(cat evaluate_first.err)"
+    sed 's/^/  /' evaluate_first.out | tail -1
+    rm -f "$small"/ckpt-*
+    train 2 full_warn "${MLP[@]}" --set checkpoint.on_error=warn
+    warnings=$(grep -c "warning: checkpoint of step .* not written: .*ENOSPC" full_warn.err)
+    [ "$warnings" -ge 1 ] || fail "on_error warn printed no warning"
+    echo "  on_error warn: finished with $warnings checkpoint warning(s); $(ls "$small" | tr '\n' ' ')"
+    [ "$(ls -A "$small" | grep -c tmp)" -eq 0 ] || fail "a temp file was left: $(ls -A "$small")"
+    # The same file system read-only: the run stops at start, where rank 0 locks checkpoint.dir.
+    mount -o remount,ro "$small" || fail "could not remount the tmpfs read-only"
+    launch 2 read_only "${MLP[@]}"
+    grep "dptrain:" read_only.err | head -1 | sed 's/^/    /'
+    [ "$RC" -ne 0 ] || fail "a read-only checkpoint.dir did not stop the run"
+    grep -q "cannot create the lock file $small/.dptrain.lock: Read-only file system (EROFS)" read_only.err ||
+      fail "the error does not name the directory and EROFS"
+    ;;
+
+  output_dir_lock)
+    RUN_DIR=run start 1 holder "${RUN[@]}"
+    holder=$PID
+    wait_for "$SCRATCH/run/checkpoints/ckpt-00000020.safetensors"
+    RUN_DIR=run launch 1 second "${RUN[@]}"
+    sed 's/^/    /' second.err
+    [ "$RC" -ne 0 ] || fail "a second trainer on the same output_dir was let in"
+    grep -q "dptrain: error on rank 0: $SCRATCH/run is in use by another dptrain job (host .*, pid $holder, started " second.err ||
+      fail "the refusal does not name the holder"
+    kill -9 "$holder"
+    wait "$holder" 2>/dev/null || true
+    RUN_DIR=run train 1 third "${RUN[@]}" --set training.epochs=1 --resume auto
+    grep -h "no longer running" third.err | sed 's/^/    /'
+    grep -q "$SCRATCH/run was locked by a job that is no longer running (host .*, pid $holder, .*); taking it over" third.err ||
+      fail "the dead holder's lock was not taken over with a message"
+    [ ! -e "$SCRATCH/run/.dptrain.lock" ] || fail "the lock file outlived the run"
+    ;;
+
+  *)
+    fail "unknown case '$CASE'"
+    ;;
+esac
+echo "PASS: $CASE"
