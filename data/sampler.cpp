@@ -13,7 +13,7 @@
 namespace dptrain::data {
 
 ShardedSampler::ShardedSampler(int64_t dataset_size, int64_t batch_size, int rank, int world_size,
-                               uint64_t seed, bool shuffle, bool drop_last)
+                               uint64_t seed, bool shuffle, bool drop_last, int64_t micro_batch)
     : n_(dataset_size),
       batch_(batch_size),
       global_(batch_size * world_size),
@@ -21,9 +21,12 @@ ShardedSampler::ShardedSampler(int64_t dataset_size, int64_t batch_size, int ran
       world_(world_size),
       seed_(seed),
       shuffle_(shuffle),
-      drop_last_(drop_last) {
+      drop_last_(drop_last),
+      micro_(micro_batch) {
   DPTRAIN_CHECK(dataset_size > 0, "sampler: dataset is empty");
   DPTRAIN_CHECK(batch_size > 0, "sampler: batch size must be positive, got ", batch_size);
+  DPTRAIN_CHECK(micro_batch >= 0 && (micro_batch == 0 || batch_size % micro_batch == 0),
+                "sampler: micro-batch size ", micro_batch, " does not divide the batch size ", batch_size);
   DPTRAIN_CHECK(world_size > 0 && rank >= 0 && rank < world_size, "sampler: rank ", rank,
                 " is outside world size ", world_size);
   plan(n_);
@@ -38,7 +41,7 @@ void ShardedSampler::plan(int64_t remaining) {
   tail_sizes_[0] = tail_sizes_[1] = 0;
   int tails = 0;
   if (!drop_last_ && rem > 0) {
-    if (rem >= world_ || q == 0) {
+    if (micro_ > 0 || rem >= world_ || q == 0) {
       tail_sizes_[tails++] = rem;
     } else if (batch_ >= 2) {
       // g + rem >= 2W here, so both halves still give every rank a sample.
@@ -78,11 +81,29 @@ int64_t ShardedSampler::samples_before(int64_t step) const {
   return at;
 }
 
+int64_t ShardedSampler::step_size(int64_t step) const {
+  DPTRAIN_CHECK(step >= 0 && step < steps_, "sampler: step ", step, " is outside [0, ", steps_, ")");
+  return step < full_steps_ ? global_ : tail_sizes_[step - full_steps_];
+}
+
+int64_t ShardedSampler::micro_batches(int64_t step) const {
+  DPTRAIN_CHECK(micro_ > 0, "sampler: not in micro-batch mode");
+  return (step_size(step) + micro_ - 1) / micro_;
+}
+
+int64_t ShardedSampler::first_micro_batch(int64_t step) const {
+  return micro_batches(step) * rank_ / world_;
+}
+
 std::span<const int64_t> ShardedSampler::batch_indices(int64_t step) const {
   DPTRAIN_CHECK(epoch_ >= 0, "sampler: set_epoch() must be called before batch_indices()");
-  DPTRAIN_CHECK(step >= 0 && step < steps_, "sampler: step ", step, " is outside [0, ", steps_, ")");
   const int64_t start = samples_before(step);
-  const int64_t m = step < full_steps_ ? global_ : tail_sizes_[step - full_steps_];
+  const int64_t m = step_size(step);
+  if (micro_ > 0) {
+    const int64_t begin = std::min(first_micro_batch(step) * micro_, m),
+                  end = std::min(micro_batches(step) * (rank_ + 1) / world_ * micro_, m);
+    return {perm_.data() + start + begin, static_cast<std::size_t>(end - begin)};
+  }
   const int64_t base = m / world_, extra = m % world_;
   const int64_t offset = rank_ * base + std::min<int64_t>(rank_, extra);
   const int64_t count = base + (rank_ < extra ? 1 : 0);

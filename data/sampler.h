@@ -29,6 +29,14 @@ namespace dptrain::data {
 // n >= world_size, and without drop_last the ranks together see every sample exactly once per
 // epoch. With drop_last, steps_per_epoch() is 0 when n < g: the caller decides if that is an error.
 //
+// Micro-batch mode (micro_batch > 0, the trainer's distributed.deterministic): a step's samples are
+// cut into micro-batches of micro_batch samples in permutation order (the last one of an epoch may
+// be shorter), and rank r takes the contiguous run of micro-batches [K r / W, K (r + 1) / W) of the
+// step's K. Full steps are then laid out exactly as above (micro_batch divides batch_size); the tail
+// is one step of rem samples whichever the world size (dropped with drop_last), so that every step,
+// and every micro-batch in it, holds the same samples on any number of ranks with the same
+// batch_size * world_size. A rank may get no sample in that last step.
+//
 // The position is fully described by (seed, epoch, samples of the epoch's permutation consumed):
 // a checkpoint records those, and set_epoch(epoch, first_sample) resumes there. The rest of the epoch
 // is then laid out by the rule above applied to the n - first_sample remaining samples, so resuming
@@ -37,7 +45,7 @@ namespace dptrain::data {
 class ShardedSampler {
  public:
   ShardedSampler(int64_t dataset_size, int64_t batch_size, int rank, int world_size, uint64_t seed,
-                 bool shuffle, bool drop_last);
+                 bool shuffle, bool drop_last, int64_t micro_batch = 0);
 
   // Builds this epoch's order from Rng(derive_seed(seed, "epoch<epoch>")) by Fisher-Yates
   // (identity if !shuffle), starting at permutation position first_sample in [0, n). Must be called
@@ -57,6 +65,9 @@ class ShardedSampler {
   // This rank's dataset indices for a step of the current epoch; a view into the sampler's own
   // permutation (no allocation), valid until the next set_epoch.
   std::span<const int64_t> batch_indices(int64_t step) const;
+  // Micro-batch mode: the step's micro-batches (all ranks), and the global index of this rank's first.
+  int64_t micro_batches(int64_t step) const;
+  int64_t first_micro_batch(int64_t step) const;
 
  private:
   int64_t n_, batch_, global_;
@@ -64,6 +75,7 @@ class ShardedSampler {
   uint64_t seed_;
   bool shuffle_;
   bool drop_last_;
+  int64_t micro_ = 0;  // 0: the tail rule of the comment above
   int64_t first_ = 0;  // permutation position where the current epoch's steps begin
   int64_t steps_ = 0;
   int64_t full_steps_ = 0;   // leading steps that are whole global batches
@@ -72,7 +84,8 @@ class ShardedSampler {
   int64_t epoch_ = -1;
   std::vector<int64_t> perm_;
 
-  void plan(int64_t remaining);  // lays out the steps over `remaining` samples from first_
+  void plan(int64_t remaining);           // lays out the steps over `remaining` samples from first_
+  int64_t step_size(int64_t step) const;  // samples of a step, all ranks
 };
 
 // Copies the selected samples into caller buffers (inputs: indices.size() * sample numel floats).

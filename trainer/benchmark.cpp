@@ -1,5 +1,5 @@
 // The trainer's own steps, timed (bench/train_bench and scripts/scaling.sh): no evaluation, no
-// checkpoints, the same train_step as training.
+// checkpoints, the same steps as training.
 #include <algorithm>
 #include <chrono>
 
@@ -14,10 +14,10 @@ BenchmarkResult Trainer::benchmark(const BenchmarkOptions& options) {
   const auto next_step = [&](StepTotals& totals) {
     if (step == steps) {
       sampler_.set_epoch(epoch++);
-      steps = (sampler_.steps_per_epoch() + passes_per_step_ - 1) / passes_per_step_;
+      steps = (sampler_.steps_per_epoch() + batches_per_step_ - 1) / batches_per_step_;
       step = 0;
     }
-    train_step(epoch, step++, totals);
+    run_step(epoch, step++, totals);
   };
   StepTotals warmup, timed;
   for (int64_t i = 0; i < options.warmup_steps; ++i) next_step(warmup);

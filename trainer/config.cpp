@@ -2,6 +2,7 @@
 #include "trainer/config.h"
 
 #include <fstream>
+#include <numeric>
 #include <sstream>
 
 #include "core/error.h"
@@ -252,6 +253,31 @@ Config parse_config(const Json& json) {
     d.check_finite = r.get<bool>("check_finite", d.check_finite);
     d.sync_batchnorm = r.get<bool>("sync_batchnorm", d.sync_batchnorm);
     d.broadcast_buffers = r.get<bool>("broadcast_buffers", d.broadcast_buffers);
+    d.deterministic = r.get<bool>("deterministic", d.deterministic);
+    d.deterministic_micro_batch =
+        r.get_in_range<int64_t>("deterministic_micro_batch", d.deterministic_micro_batch, 1, 1 << 30);
+    if (d.deterministic) {
+      DPTRAIN_CHECK(c.data.batch_size % d.deterministic_micro_batch == 0,
+                    "config key distributed.deterministic_micro_batch = ", d.deterministic_micro_batch,
+                    " does not divide data.batch_size = ", c.data.batch_size,
+                    "; pick a divisor of every per-rank batch you will run with (e.g. ",
+                    std::gcd(c.data.batch_size, d.deterministic_micro_batch), ")");
+      DPTRAIN_CHECK(d.compression == distributed::Compression::kNone,
+                    "config keys distributed.deterministic and distributed.compression = \"",
+                    name_of(d.compression, kCompressions),
+                    "\" exclude each other: a half-precision sum rounds differently for each grouping of "
+                    "ranks; set compression to \"none\"");
+      DPTRAIN_CHECK(!d.sync_batchnorm,
+                    "config keys distributed.deterministic and distributed.sync_batchnorm exclude each "
+                    "other: BatchNorm statistics would depend on which rank holds which micro-batch");
+      DPTRAIN_CHECK(c.device == DeviceKind::kCpu,
+                    "config key distributed.deterministic runs on device \"cpu\" only, not \"",
+                    to_string(c.device), "\"");
+    } else {
+      DPTRAIN_CHECK(!r.has("deterministic_micro_batch"),
+                    "config key distributed.deterministic_micro_batch applies with distributed.deterministic "
+                    "= true only");
+    }
     d.stall_warning_s = r.get_in_range("stall_warning_s", d.stall_warning_s, 0.0, 1e9);
     d.stall_abort_s = r.get_in_range("stall_abort_s", d.stall_abort_s, 0.0, 1e9);
     d.timeline = r.get<std::string>("timeline", d.timeline);
@@ -322,6 +348,7 @@ Json to_json(const Config& c) {
         {"check_finite", c.distributed.check_finite},
         {"sync_batchnorm", c.distributed.sync_batchnorm},
         {"broadcast_buffers", c.distributed.broadcast_buffers},
+        {"deterministic", c.distributed.deterministic},
         {"stall_warning_s", c.distributed.stall_warning_s},
         {"stall_abort_s", c.distributed.stall_abort_s},
         {"timeline", c.distributed.timeline}}},
@@ -356,6 +383,9 @@ Json to_json(const Config& c) {
                              {"coefficients", c.data.linear.coefficients},
                              {"noise", c.data.linear.noise}};
   }
+  // Only with the mode on: the key is an error without it, and the resolved config must parse back.
+  if (c.distributed.deterministic)
+    out["distributed"]["deterministic_micro_batch"] = c.distributed.deterministic_micro_batch;
   return out;
 }
 

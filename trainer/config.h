@@ -97,6 +97,10 @@ struct DistributedConfig {
   bool check_finite = true;
   bool sync_batchnorm = false;    // BatchNorm statistics over every rank's batch (SyncBatchNorm)
   bool broadcast_buffers = true;  // rank 0's BatchNorm buffers to every rank before each step (DDP's default)
+  // The same bits on any number of ranks and threads: fixed micro-batches in the sampler's global order,
+  // gradients summed in fixed point (distributed/exact_sum.h).
+  bool deterministic = false;
+  int64_t deterministic_micro_batch = 32;  // samples; divides data.batch_size
   double stall_warning_s = 60;
   double stall_abort_s = 0;  // 0: never
   std::string timeline;      // Chrome-trace JSON written here (by rank 0, all ranks' tracks); "" = off

@@ -23,7 +23,13 @@ void print_summary(const Config& config, const RunSummary& s) {
               source.c_str(), static_cast<long long>(s.train_samples), static_cast<long long>(s.test_samples),
               static_cast<long long>(config.data.batch_size), static_cast<long long>(s.global_batch));
   std::printf(", %lld steps per epoch\n", static_cast<long long>(s.steps_per_epoch));
-  if (s.ranks > 1) {
+  if (config.distributed.deterministic) {
+    std::printf(
+        "gradients: deterministic, micro-batches of %lld samples summed in 64-bit fixed point; "
+        "lr %g scaled to %g\n",
+        static_cast<long long>(config.distributed.deterministic_micro_batch), config.optimizer.lr,
+        s.scaled_lr);
+  } else if (s.ranks > 1) {
     std::printf(
         "gradients: %zu bucket(s), fusion threshold %g MiB, overlap %s, compression %s; lr %g scaled to %g\n",
         s.buckets, config.distributed.fusion_threshold_mb, config.distributed.overlap ? "on" : "off",

@@ -130,7 +130,10 @@ void use_threads(const Config& config, const distributed::World& world) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = config.threads > 0 ? config.threads : std::max(1, cores / world.local_size());
   omp_set_num_threads(threads);
-  Eigen::setNbThreads(threads);
+  // Eigen blocks a GEMM's inner dimension differently when it runs on several threads, which changes
+  // the rounding; the project's own OpenMP loops split work by output element and do not. So the
+  // deterministic mode keeps GEMMs on one thread and the rest on all.
+  Eigen::setNbThreads(config.distributed.deterministic ? 1 : threads);
 }
 
 }  // namespace
@@ -147,9 +150,12 @@ Trainer::Trainer(const Config& config, const distributed::World& world)
       model_(build_model(config.model, config.seed)),
       train_set_(load_dataset(config, *model_, true)),
       test_set_(load_dataset(config, *model_, false)),
-      sampler_(train_set_.size, config.data.batch_size, world.rank(), world.size(), config.seed,
-               config.data.shuffle, config.data.drop_last),
-      passes_per_step_(config.distributed.backward_passes_per_step),
+      deterministic_(config.distributed.deterministic),
+      sampler_(train_set_.size,
+               config.data.batch_size * (deterministic_ ? config.distributed.backward_passes_per_step : 1),
+               world.rank(), world.size(), config.seed, config.data.shuffle, config.data.drop_last,
+               deterministic_ ? config.distributed.deterministic_micro_batch : 0),
+      batches_per_step_(deterministic_ ? 1 : config.distributed.backward_passes_per_step),
       progress_(world.is_root(), config.training.progress, config.training.log_every_steps),
       fault_(InjectedFault::from_environment()),
       checkpoints_(config.checkpoint, world.rank(), fault_) {
@@ -178,17 +184,17 @@ Trainer::Trainer(const Config& config, const distributed::World& world)
     model_->sync_batch_statistics(batch_stats_sync_.get());
   }
   optimizer_ = make_optimizer(config.optimizer, *parameters_);
-  schedule_ = std::make_unique<optim::LrSchedule>(
-      optim::ScheduleOptions{.base_lr = config.optimizer.lr,
-                             .scaling = config.optimizer.lr_scaling,
-                             .world_size = world.size(),
-                             .backward_passes_per_step = static_cast<int>(passes_per_step_),
-                             .warmup_epochs = config.optimizer.warmup_epochs,
-                             .decay = config.optimizer.schedule,
-                             .step_size_epochs = config.optimizer.step_size_epochs,
-                             .gamma = config.optimizer.gamma,
-                             .total_epochs = static_cast<double>(config.training.epochs),
-                             .min_lr = config.optimizer.min_lr});
+  schedule_ = std::make_unique<optim::LrSchedule>(optim::ScheduleOptions{
+      .base_lr = config.optimizer.lr,
+      .scaling = config.optimizer.lr_scaling,
+      .world_size = world.size(),
+      .backward_passes_per_step = static_cast<int>(config.distributed.backward_passes_per_step),
+      .warmup_epochs = config.optimizer.warmup_epochs,
+      .decay = config.optimizer.schedule,
+      .step_size_epochs = config.optimizer.step_size_epochs,
+      .gamma = config.optimizer.gamma,
+      .total_epochs = static_cast<double>(config.training.epochs),
+      .min_lr = config.optimizer.min_lr});
   reducer_ = std::make_unique<distributed::GradientReducer>(
       *state_comm_, *parameters_,
       distributed::ReducerOptions{.fusion_threshold_mb = config.distributed.fusion_threshold_mb,
@@ -196,6 +202,15 @@ Trainer::Trainer(const Config& config, const distributed::World& world)
                                   .overlap = config.distributed.overlap,
                                   .compression = config.distributed.compression,
                                   .check_finite = config.distributed.check_finite});
+  if (deterministic_) {
+    DPTRAIN_CHECK(device_.is_host(),
+                  "config key distributed.deterministic runs on the CPU; this run's device is ",
+                  device_.str());
+    DPTRAIN_CHECK(buffers_->size() == 0,
+                  "config key distributed.deterministic does not take BatchNorm layers: their running "
+                  "statistics would follow whichever rank holds which micro-batch");
+    exact_sum_ = std::make_unique<distributed::ExactGradientSum>(*state_comm_, *parameters_);
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -273,16 +288,16 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
   const int64_t first_sample = epoch == position_.epochs_completed + 1 ? position_.epoch_samples_done : 0;
   sampler_.set_epoch(epoch - 1, first_sample);
   model_->set_training(true);
-  const int64_t steps = (sampler_.steps_per_epoch() + passes_per_step_ - 1) / passes_per_step_;
+  const int64_t steps = (sampler_.steps_per_epoch() + batches_per_step_ - 1) / batches_per_step_;
   progress_.begin_epoch(epoch, config_.training.epochs, steps);
   StepTotals totals;
   const auto start = Clock::now();
   int64_t step = 0;
   for (; step < steps && !step_limit_reached() && !stop_.any(); ++step) {
     fault_.before_step(world_.rank(), position_.global_step);
-    train_step(epoch, step, totals);
+    run_step(epoch, step, totals);
     progress_.update(
-        step, totals.loss_sum / totals.samples,
+        step, totals.loss_sum.value() / totals.samples,
         config_.model.loss == LossKind::kMse ? -1.0 : static_cast<double>(totals.correct) / totals.samples,
         totals.samples * world_.size() / seconds_since(start));
     stop_ = agree_on_stop();
@@ -303,12 +318,14 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
   m.first_sample = first_sample;
   m.step_times = mean_step_times(totals, m.epoch_seconds);
   // Weighted by sample counts: ranks may hold different batch sizes in an epoch's last step.
-  double sums[3] = {totals.loss_sum, static_cast<double>(totals.correct),
-                    static_cast<double>(totals.samples)};
-  comm_->allreduce(std::span<double>(sums), distributed::ReduceOp::kSum, "allreduce of epoch metrics");
-  m.train_loss = sums[0] / std::max(sums[2], 1.0);
-  m.train_accuracy = sums[1] / std::max(sums[2], 1.0);
-  m.samples_per_sec = sums[2] / m.epoch_seconds;
+  distributed::ExactScalarSum loss = totals.loss_sum;
+  loss.allreduce(*comm_, "allreduce of the epoch's loss");
+  int64_t counts[2] = {totals.correct, totals.samples};
+  comm_->allreduce(std::span<int64_t>(counts), distributed::ReduceOp::kSum, "allreduce of epoch metrics");
+  const double samples = static_cast<double>(counts[1]);
+  m.train_loss = loss.value() / std::max(samples, 1.0);
+  m.train_accuracy = static_cast<double>(counts[0]) / std::max(samples, 1.0);
+  m.samples_per_sec = samples / m.epoch_seconds;
   m.samples_per_sec_per_rank = m.samples_per_sec / world_.size();
   m.stopped_early = step < steps;
   return m;
@@ -317,8 +334,8 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
 // Step `step` of the current epoch: backward_passes_per_step batches, one averaged update.
 void Trainer::train_step(int64_t epoch, int64_t step, StepTotals& totals) {
   const int64_t batches = sampler_.steps_per_epoch();
-  const int64_t first_batch = step * passes_per_step_;
-  const int64_t passes = std::min(passes_per_step_, batches - first_batch);
+  const int64_t first_batch = step * batches_per_step_;
+  const int64_t passes = std::min(batches_per_step_, batches - first_batch);
   // The schedule runs on samples, not steps, so a resume on another world size keeps its place.
   lr_ = schedule_->at(static_cast<double>(epoch - 1) +
                       static_cast<double>(sampler_.samples_before(first_batch)) / sampler_.dataset_size());
@@ -351,10 +368,7 @@ void Trainer::train_step(int64_t epoch, int64_t step, StepTotals& totals) {
       Phase phase(totals.backward, "backward");
       loss.backward(reducer_->loss_scale(passes));  // the reducer's sums are then averages
     }
-    const int64_t n = batch_.inputs.dim(0);
-    totals.loss_sum += static_cast<double>(loss.item()) * n;
-    if (config_.model.loss == LossKind::kCrossEntropy) totals.correct += count_correct(output, batch_.labels);
-    totals.samples += n;
+    count_batch(output, loss, totals);
   }
   {
     Phase phase(totals.communication, "finish gradient averaging");
@@ -377,31 +391,98 @@ void Trainer::train_step(int64_t epoch, int64_t step, StepTotals& totals) {
   ++totals.steps;
 }
 
-// Each rank evaluates a contiguous slice of the test set; the sums are combined across ranks.
+// Step `step` in distributed.deterministic mode: the step's global batch is cut into micro-batches in
+// the sampler's order; this rank runs its contiguous share of them one by one, each with the same
+// shapes and kernels whichever rank runs it, and the gradients are summed in fixed point
+// (distributed/exact_sum.h), so the update has the same bits for any number of ranks.
+void Trainer::train_step_deterministic(int64_t epoch, int64_t step, StepTotals& totals) {
+  const int64_t step_samples = sampler_.samples_before(step + 1) - sampler_.samples_before(step);
+  lr_ = schedule_->at(static_cast<double>(epoch - 1) +
+                      static_cast<double>(sampler_.samples_before(step)) / sampler_.dataset_size());
+  const std::span<const int64_t> mine = sampler_.batch_indices(step);
+  const int64_t micro = config_.distributed.deterministic_micro_batch;
+  const int64_t local = (static_cast<int64_t>(mine.size()) + micro - 1) / micro;
+  exact_sum_->begin(position_.global_step, sampler_.micro_batches(step), local);
+  for (int64_t i = 0; i < local; ++i) {
+    optimizer_->zero_grad();
+    const std::span<const int64_t> indices = mine.subspan(
+        static_cast<std::size_t>(i * micro),
+        static_cast<std::size_t>(std::min<int64_t>(micro, static_cast<int64_t>(mine.size()) - i * micro)));
+    {
+      Phase phase(totals.data, "data");
+      load_batch(train_set_, indices);
+    }
+    model_->reseed(dropout_stream_of_micro_batch(sampler_.first_micro_batch(step) + i));
+    Tensor output, loss;
+    {
+      Phase phase(totals.forward, "forward");
+      output = model_->forward(batch_.inputs);
+      loss = config_.model.loss == LossKind::kMse ? ops::mse(output, batch_.targets)
+                                                  : ops::cross_entropy(output, batch_.labels);
+    }
+    {
+      Phase phase(totals.backward, "backward");
+      // The micro-batch's share of the step's mean loss: the fixed-point sum is then the average.
+      loss.backward(
+          static_cast<float>(static_cast<double>(indices.size()) / static_cast<double>(step_samples)));
+      exact_sum_->add_micro_batch();
+    }
+    count_batch(output, loss, totals);
+  }
+  if (local == 0) optimizer_->zero_grad();
+  {
+    Phase phase(totals.communication, "exact gradient sum");
+    exact_sum_->finish();
+  }
+  {
+    Phase phase(totals.optimizer, "optimizer");
+    optimizer_->step(static_cast<float>(lr_));
+  }
+  position_.samples_seen += step_samples;
+  position_.epoch_samples_done = sampler_.samples_before(step + 1);
+  position_.optimizer_steps = optimizer_->steps_taken();
+  ++position_.global_step;
+  ++totals.steps;
+}
+
+void Trainer::count_batch(const Tensor& output, const Tensor& loss, StepTotals& totals) const {
+  const int64_t n = output.dim(0);
+  totals.loss_sum.add(static_cast<double>(loss.item()) * static_cast<double>(n));
+  if (config_.model.loss == LossKind::kCrossEntropy) totals.correct += count_correct(output, batch_.labels);
+  totals.samples += n;
+}
+
+// The test set is cut into chunks of eval_batch_size in order, and each rank evaluates a contiguous
+// run of chunks. Each chunk is then computed alike on any number of ranks, and the sums are exact, so
+// the figures do not depend on the world size.
 Evaluation Trainer::evaluate() {
   timeline::Span span("evaluate", "evaluate");
   NoGradGuard no_grad;
   model_->set_training(false);
-  const int64_t n = test_set_.size, r = world_.rank(), size = world_.size();
-  const int64_t begin = n * r / size, end = n * (r + 1) / size;
+  const int64_t n = test_set_.size, r = world_.rank(), size = world_.size(),
+                chunk = config_.data.eval_batch_size, chunks = (n + chunk - 1) / chunk;
+  const int64_t begin = std::min(n, chunks * r / size * chunk),
+                end = std::min(n, chunks * (r + 1) / size * chunk);
   const bool mse = config_.model.loss == LossKind::kMse;
-  double loss_sum = 0, correct = 0;
+  distributed::ExactScalarSum loss_sum;
+  int64_t correct = 0;
   std::vector<int64_t> indices;
-  for (int64_t first = begin; first < end; first += config_.data.eval_batch_size) {
-    const int64_t last = std::min(end, first + config_.data.eval_batch_size);
+  for (int64_t first = begin; first < end; first += chunk) {
+    const int64_t last = std::min(end, first + chunk);
     indices.resize(last - first);
     for (int64_t i = first; i < last; ++i) indices[i - first] = i;
     load_batch(test_set_, indices);
     const Tensor output = model_->forward(batch_.inputs);
     const Tensor loss = mse ? ops::mse(output, batch_.targets) : ops::cross_entropy(output, batch_.labels);
-    loss_sum += static_cast<double>(loss.item()) * (last - first);
-    if (!mse) correct += static_cast<double>(count_correct(output, batch_.labels));
+    loss_sum.add(static_cast<double>(loss.item()) * static_cast<double>(last - first));
+    if (!mse) correct += count_correct(output, batch_.labels);
   }
-  double totals[2] = {loss_sum, correct};
-  comm_->allreduce(std::span<double>(totals), distributed::ReduceOp::kSum, "allreduce of evaluation metrics");
-  return {.loss = totals[0] / n,
-          .accuracy = mse ? 0.0 : totals[1] / n,
-          .correct = static_cast<int64_t>(totals[1]),
+  loss_sum.allreduce(*comm_, "allreduce of the evaluation loss");
+  comm_->allreduce(std::span<int64_t>(&correct, 1), distributed::ReduceOp::kSum,
+                   "allreduce of correct predictions");
+  return {.loss = loss_sum.value() / static_cast<double>(n),
+          .accuracy = mse ? 0.0 : static_cast<double>(correct) / static_cast<double>(n),
+          .correct = correct,
           .samples = n};
 }
 
@@ -439,6 +520,7 @@ void Trainer::resume(const std::string& which) {
     DPTRAIN_CHECK(c.position.epoch_samples_done < train_set_.size, c.path, ": its position (sample ",
                   c.position.epoch_samples_done, " of epoch ", c.position.epochs_completed + 1,
                   ") lies beyond the ", train_set_.size, " training samples configured now");
+    check_deterministic_resume(c);
     const std::vector<NamedTensor> state = optimizer_->state();
     restore(c, model_state(), &state);
   });
@@ -479,9 +561,11 @@ void Trainer::save_checkpoint() {
                         {"dataset_size", train_set_.size},
                         {"epoch", position_.epochs_completed},
                         {"first_sample", position_.epoch_samples_done}};
-  const Json rng = {{"seed", config_.seed},
-                    {"dropout", "reseeded each pass from (seed, rank, global_step, pass); no stored state"},
-                    {"initialisation", "from (seed, parameter name)"}};
+  const Json rng = {
+      {"seed", config_.seed},
+      {"dropout", deterministic_ ? "reseeded each micro-batch from (seed, global_step, micro-batch)"
+                                 : "reseeded each pass from (seed, rank, global_step, pass)"},
+      {"initialisation", "from (seed, parameter name)"}};
   const std::string note =
       checkpoints_.save({.parameters = model_state(),
                          .optimizer_state = optimizer_->state(),
@@ -489,7 +573,9 @@ void Trainer::save_checkpoint() {
                          .metadata = {{"producer", "dptrain"},
                                       {"world_size", std::to_string(world_.size())},
                                       {"batch_size", std::to_string(config_.data.batch_size)},
-                                      {"backward_passes_per_step", std::to_string(passes_per_step_)},
+                                      {"backward_passes_per_step",
+                                       std::to_string(config_.distributed.backward_passes_per_step)},
+                                      {"deterministic", deterministic_metadata().dump()},
                                       {"optimizer", to_string(config_.optimizer.type)},
                                       {"lr", std::to_string(lr_)},
                                       {"sampler", sampler.dump()},
@@ -550,11 +636,60 @@ StepTimes Trainer::mean_step_times(const StepTotals& t, double wall_seconds) {
           .total = sums[4] * per_step};
 }
 
+int64_t Trainer::global_batch() const {
+  return config_.data.batch_size * world_.size() * config_.distributed.backward_passes_per_step;
+}
+
+Json Trainer::deterministic_metadata() const {
+  if (!deterministic_) return false;
+  return {{"micro_batch", config_.distributed.deterministic_micro_batch}, {"global_batch", global_batch()}};
+}
+
+// Bit-for-bit continuation needs the same micro-batches: the same global batch and micro-batch size.
+void Trainer::check_deterministic_resume(const Checkpoint& c) const {
+  if (!deterministic_) return;
+  const auto entry = c.file.metadata.find("deterministic");
+  const Json then = entry == c.file.metadata.end() ? Json(false) : Json::parse(entry->second, nullptr, false);
+  const auto number = [&](const char* key) -> int64_t {
+    return then.is_object() && then.contains(key) && then[key].is_number_integer() ? then[key].get<int64_t>()
+                                                                                   : -1;
+  };
+  if (!then.is_object()) {
+    std::printf(
+        "dptrain: %s was not written in distributed.deterministic mode; training continues "
+        "deterministically from it\n",
+        c.path.c_str());
+    return;
+  }
+  const int64_t batch = number("global_batch"), micro = number("micro_batch");
+  const int64_t micro_now = config_.distributed.deterministic_micro_batch;
+  if (batch == global_batch() && micro == micro_now) return;
+  const int64_t per_rank = world_.size() * config_.distributed.backward_passes_per_step;
+  const std::string fix =
+      batch % per_rank == 0
+          ? "set data.batch_size = " + std::to_string(batch / per_rank)
+          : "use ranks x data.batch_size x backward_passes_per_step = " + std::to_string(batch);
+  DPTRAIN_FAIL(c.path, ": written in distributed.deterministic mode with a global batch of ", batch,
+               " in micro-batches of ", micro, "; this run has ", global_batch(), " (", world_.size(),
+               " rank(s) x data.batch_size ", config_.data.batch_size, " x ",
+               config_.distributed.backward_passes_per_step, " backward pass(es)) in micro-batches of ",
+               micro_now, ". To continue bit for bit, ", fix,
+               " and distributed.deterministic_micro_batch = ", micro,
+               "; or set distributed.deterministic to false");
+}
+
 // Dropout masks follow from (seed, rank, step, pass): a resumed run draws the same ones.
 uint64_t Trainer::dropout_stream(int64_t pass) const {
   return derive_seed(config_.seed, "dropout/rank" + std::to_string(world_.rank()) + "/step" +
                                        std::to_string(position_.global_step) + "/pass" +
                                        std::to_string(pass));
+}
+
+// In deterministic mode the masks follow the micro-batch (its place in the step's global order),
+// not the rank that runs it.
+uint64_t Trainer::dropout_stream_of_micro_batch(int64_t micro_batch) const {
+  return derive_seed(config_.seed, "dropout/step" + std::to_string(position_.global_step) + "/micro" +
+                                       std::to_string(micro_batch));
 }
 
 RunSummary Trainer::summary() const {
@@ -566,8 +701,8 @@ RunSummary Trainer::summary() const {
           .model_description = model_->describe(),
           .train_samples = train_set_.size,
           .test_samples = test_set_.size,
-          .global_batch = config_.data.batch_size * world_.size() * passes_per_step_,
-          .steps_per_epoch = (sampler_.steps_per_epoch() + passes_per_step_ - 1) / passes_per_step_,
+          .global_batch = global_batch(),
+          .steps_per_epoch = (sampler_.steps_per_epoch() + batches_per_step_ - 1) / batches_per_step_,
           .buckets = reducer_->buckets().size(),
           .scaled_lr = schedule_->scaled_lr(),
           .already_complete = config_.training.epochs <= position_.epochs_completed || step_limit_reached(),

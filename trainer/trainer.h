@@ -12,6 +12,7 @@
 #include "data/dataset.h"
 #include "data/sampler.h"
 #include "distributed/communicator.h"
+#include "distributed/exact_sum.h"
 #include "distributed/reducer.h"
 #include "layers/module.h"
 #include "optim/optimizer.h"
@@ -40,7 +41,7 @@ class Trainer {
  private:
   // Running sums over the steps of an epoch (or of a benchmark), this rank only.
   struct StepTotals {
-    double loss_sum = 0;
+    distributed::ExactScalarSum loss_sum;  // per-sample losses: the same bits for any split into ranks
     int64_t correct = 0, samples = 0, steps = 0;
     double data = 0, forward = 0, backward = 0, communication = 0, optimizer = 0;  // seconds
   };
@@ -56,6 +57,12 @@ class Trainer {
   StopRequests agree_on_stop() const;
   void write_stop_note(const std::string& why) const;
   void train_step(int64_t epoch, int64_t step, StepTotals& totals);
+  void train_step_deterministic(int64_t epoch, int64_t step, StepTotals& totals);
+  void run_step(int64_t epoch, int64_t step, StepTotals& totals) {
+    deterministic_ ? train_step_deterministic(epoch, step, totals) : train_step(epoch, step, totals);
+  }
+  // The loss and correct predictions of a forward pass, added to `totals`.
+  void count_batch(const Tensor& output, const Tensor& loss, StepTotals& totals) const;
   Evaluation evaluate();
   void load_batch(const data::Dataset& ds, std::span<const int64_t> indices);
   std::vector<NamedTensor> model_state() const;  // parameters and buffers, as checkpoints hold them
@@ -66,6 +73,10 @@ class Trainer {
   bool step_limit_reached() const;
   StepTimes mean_step_times(const StepTotals& totals, double wall_seconds);
   uint64_t dropout_stream(int64_t pass) const;
+  uint64_t dropout_stream_of_micro_batch(int64_t micro_batch) const;
+  void check_deterministic_resume(const Checkpoint& checkpoint) const;
+  Json deterministic_metadata() const;  // what a checkpoint records of distributed.deterministic
+  int64_t global_batch() const;         // samples per optimizer step, all ranks (full steps)
   RunSummary summary() const;
 
   const Config& config_;
@@ -76,8 +87,11 @@ class Trainer {
   distributed::Communicator* state_comm_;                   // the one for parameters and gradients
   std::unique_ptr<layers::Sequential> model_;  // built first: synthetic data takes its classes from it
   data::Dataset train_set_, test_set_;
+  const bool deterministic_;  // distributed.deterministic
   data::ShardedSampler sampler_;
-  int64_t passes_per_step_;
+  // Sampler batches per optimizer step: backward_passes_per_step, or 1 in deterministic mode, whose
+  // sampler batch is the whole step's (cut into micro-batches).
+  int64_t batches_per_step_;
   std::unique_ptr<FlatParameters> parameters_;
   // BatchNorm's running statistics and counters in one flat buffer (its gradient half goes unused),
   // so broadcasting them is one collective.
@@ -87,6 +101,7 @@ class Trainer {
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::LrSchedule> schedule_;
   std::unique_ptr<distributed::GradientReducer> reducer_;
+  std::unique_ptr<distributed::ExactGradientSum> exact_sum_;  // deterministic mode only
   Progress progress_;
   InjectedFault fault_;
   Checkpoints checkpoints_;

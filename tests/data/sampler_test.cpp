@@ -231,6 +231,53 @@ TEST(ShardedSampler, RejectsMisuse) {
   EXPECT_THROW(ShardedSampler(10, 0, 0, 1, 0, true, false), dptrain::Error);
 }
 
+// Micro-batch mode: for one global batch G split as W ranks x G/W, every step's micro-batches (the
+// samples in order, cut every `micro`) are the same for every W, each rank holds a contiguous run
+// of whole micro-batches, and the tail is one step whatever W. Some ranks hold nothing there.
+TEST(ShardedSampler, MicroBatchesAreTheSameForEveryWorldSize) {
+  for (const bool drop_last : {false, true}) {
+    for (const int64_t n : {1000, 1024, 77}) {
+      const int64_t global = 128, micro = 16;
+      std::vector<std::vector<int64_t>> reference;  // micro-batches of the whole epoch, from W = 1
+      for (const int world : {1, 2, 4, 8}) {
+        std::vector<std::vector<int64_t>> micro_batches;
+        int64_t steps = -1;
+        std::vector<ShardedSampler> ranks;
+        for (int r = 0; r < world; ++r) {
+          ranks.emplace_back(n, global / world, r, world, 5, true, drop_last, micro);
+          ranks.back().set_epoch(3);
+          if (steps < 0) steps = ranks.back().steps_per_epoch();
+          ASSERT_EQ(ranks.back().steps_per_epoch(), steps);
+        }
+        EXPECT_EQ(steps, drop_last ? n / global : (n + global - 1) / global) << "n " << n << " W " << world;
+        for (int64_t step = 0; step < steps; ++step) {
+          int64_t next_micro = 0;
+          for (int r = 0; r < world; ++r) {
+            const ShardedSampler& s = ranks[static_cast<std::size_t>(r)];
+            const auto mine = s.batch_indices(step);
+            EXPECT_EQ(s.first_micro_batch(step), next_micro) << "contiguous, rank " << r;
+            for (std::size_t i = 0; i < mine.size(); i += micro) {
+              const std::size_t end = std::min(mine.size(), i + micro);
+              micro_batches.emplace_back(mine.begin() + static_cast<std::ptrdiff_t>(i),
+                                         mine.begin() + static_cast<std::ptrdiff_t>(end));
+              ++next_micro;
+            }
+          }
+          EXPECT_EQ(next_micro, ranks[0].micro_batches(step)) << "step " << step << " W " << world;
+        }
+        if (world == 1) reference = micro_batches;
+        EXPECT_EQ(micro_batches, reference) << "n " << n << " W " << world << " drop_last " << drop_last;
+      }
+    }
+  }
+  // 104 samples in the tail step: 7 micro-batches over 8 ranks, so rank 0 gets none.
+  ShardedSampler tail(1000, 16, 0, 8, 5, true, false, 16);
+  tail.set_epoch(0);
+  EXPECT_EQ(tail.micro_batches(7), 7);
+  EXPECT_TRUE(tail.batch_indices(7).empty());
+  EXPECT_THROW(ShardedSampler(1000, 24, 0, 2, 5, true, false, 16), dptrain::Error);  // 16 does not divide 24
+}
+
 TEST(GatherBatch, CopiesSelectedSamples) {
   Dataset ds;
   ds.sample_shape = {1, 1, 2};

@@ -273,6 +273,38 @@ TEST(ConfigErrors, ArchitectureLayersAndSyntheticKeys) {
   expect_config_error(sync, {"distributed.sync_batchnorm"});
 }
 
+TEST(ParseConfig, DeterministicModeRoundTrips) {
+  Json j = mnist();
+  j["distributed"]["deterministic"] = true;
+  const Config plain = parse_config(j);
+  EXPECT_TRUE(plain.distributed.deterministic);
+  EXPECT_EQ(plain.distributed.deterministic_micro_batch, 32);  // divides the default batch of 128
+  j["distributed"]["deterministic_micro_batch"] = 16;
+  const Config c = parse_config(j);
+  EXPECT_EQ(c.distributed.deterministic_micro_batch, 16);
+  EXPECT_EQ(to_json(parse_config(to_json(c))), to_json(c));
+}
+
+TEST(ConfigErrors, DeterministicModeExcludesWhatDependsOnTheRanks) {
+  Json base = mnist();
+  base["distributed"]["deterministic"] = true;
+  Json micro = base;
+  micro["distributed"]["deterministic_micro_batch"] = 48;
+  expect_config_error(micro, {"distributed.deterministic_micro_batch = 48", "data.batch_size = 128", "16"});
+  Json fp16 = base;
+  fp16["distributed"]["compression"] = "fp16";
+  expect_config_error(fp16, {"distributed.deterministic", "distributed.compression", "\"none\""});
+  Json sync = base;
+  sync["distributed"]["sync_batchnorm"] = true;
+  expect_config_error(sync, {"distributed.deterministic", "distributed.sync_batchnorm"});
+  Json gpu = base;
+  gpu["device"] = "cuda";
+  expect_config_error(gpu, {"distributed.deterministic", "\"cpu\"", "\"cuda\""});
+  Json stray = mnist();
+  stray["distributed"]["deterministic_micro_batch"] = 16;
+  expect_config_error(stray, {"distributed.deterministic_micro_batch", "distributed.deterministic = true"});
+}
+
 TEST(ReadJsonFile, MissingFileAndSyntaxErrorNameTheFile) {
   expect_error([] { read_json_file(kSource + "/configs/no_such_config.json"); },
                {"no_such_config.json", "cannot open"});
