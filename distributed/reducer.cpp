@@ -13,7 +13,8 @@ Compression parse_compression(const std::string& name) {
   if (name == "none") return Compression::kNone;
   if (name == "fp16") return Compression::kFp16;
   if (name == "bf16") return Compression::kBf16;
-  DPTRAIN_FAIL("unknown compression \"", name, "\"; use \"none\", \"fp16\" or \"bf16\"");
+  if (name == "powersgd") return Compression::kPowerSgd;
+  DPTRAIN_FAIL("unknown compression \"", name, "\"; use \"none\", \"fp16\", \"bf16\" or \"powersgd\"");
 }
 
 std::string to_string(Compression compression) {
@@ -24,6 +25,8 @@ std::string to_string(Compression compression) {
       return "fp16";
     case Compression::kBf16:
       return "bf16";
+    case Compression::kPowerSgd:
+      return "powersgd";
   }
   return "?";
 }
@@ -32,6 +35,8 @@ GradientReducer::GradientReducer(Communicator& comm, const FlatParameters& param
     : comm_(comm), parameters_(parameters), backend_(backend_for(parameters.device())), options_(options) {
   DPTRAIN_CHECK(options_.fusion_threshold_mb >= 0 && options_.first_bucket_mb >= 0,
                 "distributed.fusion_threshold_mb and first_bucket_mb must be >= 0");
+  DPTRAIN_CHECK(options_.compression != Compression::kPowerSgd,
+                "GradientReducer does not run PowerSGD (distributed/powersgd.h does); pass kNone");
   DPTRAIN_CHECK(comm_.accepts(parameters_.device()), "the communicator cannot reduce gradients in ",
                 parameters_.device().str(), " memory");
   const auto cap_elements = [](double mb) { return static_cast<int64_t>(mb * (1 << 20) / sizeof(float)); };

@@ -22,9 +22,11 @@
 
 namespace dptrain::distributed {
 
-enum class Compression { kNone, kFp16, kBf16 };
+// kPowerSgd is low-rank compression (distributed/powersgd.h), which the trainer runs in place of this
+// reducer once it starts; GradientReducer itself reduces uncompressed then.
+enum class Compression { kNone, kFp16, kBf16, kPowerSgd };
 
-Compression parse_compression(const std::string& name);  // "none" | "fp16" | "bf16"
+Compression parse_compression(const std::string& name);  // "none" | "fp16" | "bf16" | "powersgd"
 std::string to_string(Compression compression);
 
 struct ReducerOptions {

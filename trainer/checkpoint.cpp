@@ -180,14 +180,21 @@ Checkpoint validate_checkpoint(safetensors::File file, const std::string& path) 
 }
 
 void restore(const Checkpoint& checkpoint, const std::vector<NamedTensor>& parameters,
-             const std::vector<NamedTensor>* optimizer_state) {
+             const std::vector<NamedTensor>* optimizer_state,
+             const std::vector<std::string>& optional_state) {
   const std::string prefix = kOptimizerPrefix;
+  const auto optional = [&](const std::string& stored_name) {
+    return std::any_of(optional_state.begin(), optional_state.end(),
+                       [&](const std::string& name) { return prefix + name == stored_name; });
+  };
   // (target, stored name) pairs, all checked before anything is copied: a rejected checkpoint must
   // leave the model as it was.
   std::vector<std::pair<const NamedTensor*, std::string>> targets;
   for (const NamedTensor& p : parameters) targets.emplace_back(&p, p.name);
   if (optimizer_state != nullptr)
-    for (const NamedTensor& s : *optimizer_state) targets.emplace_back(&s, prefix + s.name);
+    for (const NamedTensor& s : *optimizer_state)
+      if (!optional(prefix + s.name) || checkpoint.file.find(prefix + s.name) != nullptr)
+        targets.emplace_back(&s, prefix + s.name);
   for (const auto& [target, stored_name] : targets) {
     const Tensor* source = checkpoint.file.find(stored_name);
     DPTRAIN_CHECK(source != nullptr, checkpoint.path, ": tensor '", stored_name,
@@ -198,7 +205,7 @@ void restore(const Checkpoint& checkpoint, const std::vector<NamedTensor>& param
   }
   for (const NamedTensor& t : checkpoint.file.tensors) {
     const bool is_state = t.name.starts_with(prefix);
-    if (is_state && optimizer_state == nullptr) continue;
+    if (is_state && (optimizer_state == nullptr || optional(t.name))) continue;
     const bool known =
         std::any_of(targets.begin(), targets.end(), [&](const auto& x) { return x.second == t.name; });
     DPTRAIN_CHECK(known, checkpoint.path, ": tensor '", t.name, "' has no counterpart in the configured ",

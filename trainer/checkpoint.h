@@ -63,9 +63,12 @@ Checkpoint validate_checkpoint(safetensors::File file, const std::string& path);
 
 // Copies the checkpoint's tensors into `parameters` and (unless null) `optimizer_state`, after
 // checking that names and shapes match exactly: a checkpoint of another model or optimizer throws,
-// naming the tensor. Model-only loading (--evaluate, model.init_from) passes null.
+// naming the tensor. Model-only loading (--evaluate, model.init_from) passes null. State named in
+// `optional_state` may be missing from the file (its target is then left as it is) and is ignored
+// in the file when not asked for.
 void restore(const Checkpoint& checkpoint, const std::vector<NamedTensor>& parameters,
-             const std::vector<NamedTensor>* optimizer_state);
+             const std::vector<NamedTensor>* optimizer_state,
+             const std::vector<std::string>& optional_state = {});
 
 // Checkpoint files in `dir`, newest (highest step) first; temp files of interrupted writes are not
 // listed. A missing directory has none.

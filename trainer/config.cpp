@@ -30,7 +30,8 @@ constexpr Names<optim::Decay> kSchedules = {
     {"constant", optim::Decay::kConstant}, {"step", optim::Decay::kStep}, {"cosine", optim::Decay::kCosine}};
 constexpr Names<distributed::Compression> kCompressions = {{"none", distributed::Compression::kNone},
                                                            {"fp16", distributed::Compression::kFp16},
-                                                           {"bf16", distributed::Compression::kBf16}};
+                                                           {"bf16", distributed::Compression::kBf16},
+                                                           {"powersgd", distributed::Compression::kPowerSgd}};
 constexpr Names<OnCheckpointError> kOnCheckpointErrors = {{"stop", OnCheckpointError::kStop},
                                                           {"warn", OnCheckpointError::kWarn}};
 constexpr Names<ProgressMode> kProgressModes = {{"auto", ProgressMode::kAuto},
@@ -265,7 +266,7 @@ Config parse_config(const Json& json) {
       DPTRAIN_CHECK(d.compression == distributed::Compression::kNone,
                     "config keys distributed.deterministic and distributed.compression = \"",
                     name_of(d.compression, kCompressions),
-                    "\" exclude each other: a half-precision sum rounds differently for each grouping of "
+                    "\" exclude each other: a compressed sum rounds differently for each grouping of "
                     "ranks; set compression to \"none\"");
       DPTRAIN_CHECK(!d.sync_batchnorm,
                     "config keys distributed.deterministic and distributed.sync_batchnorm exclude each "
@@ -278,6 +279,23 @@ Config parse_config(const Json& json) {
                     "config key distributed.deterministic_micro_batch applies with distributed.deterministic "
                     "= true only");
     }
+    if (r.has("powersgd")) {
+      DPTRAIN_CHECK(
+          d.compression == distributed::Compression::kPowerSgd,
+          "config key distributed.powersgd applies with distributed.compression = \"powersgd\" only");
+      ObjectReader p(r.raw("powersgd"), "distributed.powersgd");
+      d.powersgd.rank = p.get_in_range<int64_t>("rank", d.powersgd.rank, 1, 1 << 20);
+      d.powersgd.start_step = p.get_in_range<int64_t>("start_step", d.powersgd.start_step, 0, INT64_MAX);
+      d.powersgd.min_compression_rate =
+          p.get_in_range("min_compression_rate", d.powersgd.min_compression_rate, 0.0, 1e9);
+      p.finish();
+    }
+    if (d.compression == distributed::Compression::kPowerSgd)
+      // "auto" may still land on the CPU; PowerSgdReducer refuses GPU buffers if it does not.
+      DPTRAIN_CHECK(c.device != DeviceKind::kCuda,
+                    "config key distributed.compression = \"powersgd\" runs on device \"cpu\" only in this "
+                    "version, not \"",
+                    to_string(c.device), "\"; use \"fp16\" or \"bf16\" on GPUs");
     d.stall_warning_s = r.get_in_range("stall_warning_s", d.stall_warning_s, 0.0, 1e9);
     d.stall_abort_s = r.get_in_range("stall_abort_s", d.stall_abort_s, 0.0, 1e9);
     d.timeline = r.get<std::string>("timeline", d.timeline);
@@ -386,6 +404,10 @@ Json to_json(const Config& c) {
   // Only with the mode on: the key is an error without it, and the resolved config must parse back.
   if (c.distributed.deterministic)
     out["distributed"]["deterministic_micro_batch"] = c.distributed.deterministic_micro_batch;
+  if (c.distributed.compression == distributed::Compression::kPowerSgd)
+    out["distributed"]["powersgd"] = {{"rank", c.distributed.powersgd.rank},
+                                      {"start_step", c.distributed.powersgd.start_step},
+                                      {"min_compression_rate", c.distributed.powersgd.min_compression_rate}};
   return out;
 }
 

@@ -101,6 +101,12 @@ struct DistributedConfig {
   // gradients summed in fixed point (distributed/exact_sum.h).
   bool deterministic = false;
   int64_t deterministic_micro_batch = 32;  // samples; divides data.batch_size
+  // compression "powersgd": low-rank factors with error feedback (distributed/powersgd.h).
+  struct PowerSgd {
+    int64_t rank = 2;
+    int64_t start_step = 100;  // plain allreduce before this global step (PyTorch's start_powerSGD_iter)
+    double min_compression_rate = 2;
+  } powersgd;
   double stall_warning_s = 60;
   double stall_abort_s = 0;  // 0: never
   std::string timeline;      // Chrome-trace JSON written here (by rank 0, all ranks' tracks); "" = off

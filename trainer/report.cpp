@@ -8,6 +8,19 @@
 #include "core/timeline.h"
 
 namespace dptrain::trainer {
+namespace {
+
+std::string format_bytes(double bytes) {
+  char text[32];
+  if (bytes >= 1e6) {
+    std::snprintf(text, sizeof text, "%.2f MB", bytes / 1e6);
+  } else {
+    std::snprintf(text, sizeof text, "%.1f kB", bytes / 1e3);
+  }
+  return text;
+}
+
+}  // namespace
 
 void print_summary(const Config& config, const RunSummary& s) {
   std::printf(
@@ -35,6 +48,7 @@ void print_summary(const Config& config, const RunSummary& s) {
         s.buckets, config.distributed.fusion_threshold_mb, config.distributed.overlap ? "on" : "off",
         distributed::to_string(config.distributed.compression).c_str(), config.optimizer.lr, s.scaled_lr);
   }
+  if (!s.powersgd.empty()) std::printf("powersgd: %s\n", s.powersgd.c_str());
   const CheckpointConfig& k = config.checkpoint;
   std::string every;
   if (k.every_steps > 0) every = std::to_string(k.every_steps) + " step(s)";
@@ -69,9 +83,11 @@ void print_epoch(const Config& config, int ranks, const EpochMetrics& m) {
   std::printf(
       "  per step %.2f ms: data %.2f | compute %.2f | communication not overlapped %.2f | optimizer %.2f | "
       "other "
-      "%.2f (mean of %d rank(s))\n",
+      "%.2f (mean of %d rank(s))%s\n",
       1e3 * t.total, 1e3 * t.data, 1e3 * t.compute, 1e3 * t.communication, 1e3 * t.optimizer,
-      1e3 * (t.total - t.data - t.compute - t.communication - t.optimizer), ranks);
+      1e3 * (t.total - t.data - t.compute - t.communication - t.optimizer), ranks,
+      ranks > 1 ? ("; gradients " + format_bytes(m.gradient_bytes_per_step) + " per step per rank").c_str()
+                : "");
   std::fflush(stdout);
 }
 
@@ -107,7 +123,8 @@ void MetricsLog::write(const EpochMetrics& m, int ranks) {
                {"samples_per_sec_per_rank", m.samples_per_sec_per_rank},
                {"epoch_seconds", m.epoch_seconds},
                {"lr", m.lr},
-               {"world_size", ranks}};
+               {"world_size", ranks},
+               {"gradient_bytes_per_step", m.gradient_bytes_per_step}};
   if (m.stopped_early) line["stopped_early"] = "max_steps";
   if (m.first_sample > 0) line["resumed_at_sample"] = m.first_sample;
   const StepTimes& t = m.step_times;

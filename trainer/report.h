@@ -22,6 +22,7 @@ struct RunSummary {
   int64_t train_samples = 0, test_samples = 0;
   int64_t global_batch = 0, steps_per_epoch = 0;
   std::size_t buckets = 0;
+  std::string powersgd;  // with compression "powersgd": what it compresses and how much
   double scaled_lr = 0;
   bool already_complete = false;
   int64_t global_step = 0;

@@ -197,11 +197,15 @@ Trainer::Trainer(const Config& config, const distributed::World& world)
       .min_lr = config.optimizer.min_lr});
   reducer_ = std::make_unique<distributed::GradientReducer>(
       *state_comm_, *parameters_,
-      distributed::ReducerOptions{.fusion_threshold_mb = config.distributed.fusion_threshold_mb,
-                                  .first_bucket_mb = config.distributed.first_bucket_mb,
-                                  .overlap = config.distributed.overlap,
-                                  .compression = config.distributed.compression,
-                                  .check_finite = config.distributed.check_finite});
+      distributed::ReducerOptions{
+          .fusion_threshold_mb = config.distributed.fusion_threshold_mb,
+          .first_bucket_mb = config.distributed.first_bucket_mb,
+          .overlap = config.distributed.overlap,
+          // PowerSGD replaces the reducer once it starts; before, plain sums.
+          .compression = config.distributed.compression == distributed::Compression::kPowerSgd
+                             ? distributed::Compression::kNone
+                             : config.distributed.compression,
+          .check_finite = config.distributed.check_finite});
   if (deterministic_) {
     DPTRAIN_CHECK(device_.is_host(),
                   "config key distributed.deterministic runs on the CPU; this run's device is ",
@@ -210,6 +214,16 @@ Trainer::Trainer(const Config& config, const distributed::World& world)
                   "config key distributed.deterministic does not take BatchNorm layers: their running "
                   "statistics would follow whichever rank holds which micro-batch");
     exact_sum_ = std::make_unique<distributed::ExactGradientSum>(*state_comm_, *parameters_);
+  }
+  if (config.distributed.compression == distributed::Compression::kPowerSgd) {
+    const DistributedConfig::PowerSgd& p = config.distributed.powersgd;
+    powersgd_ = std::make_unique<distributed::PowerSgdReducer>(
+        *state_comm_, *parameters_,
+        distributed::PowerSgdOptions{.rank = p.rank,
+                                     .start_step = p.start_step,
+                                     .min_compression_rate = p.min_compression_rate,
+                                     .seed = config.seed,
+                                     .check_finite = config.distributed.check_finite});
   }
 }
 
@@ -225,7 +239,9 @@ void Trainer::start(const RunOptions& options) {
                        position_.global_step,     position_.samples_seen,     resumed_};
   std::vector<Tensor> state = {parameters_->values(), buffers_->values()};
   for (const Tensor& slot : optimizer_->state_buffers()) state.push_back(slot);
+  if (powersgd_) state.push_back(powersgd_->q());
   distributed::broadcast_state(*comm_, *state_comm_, state, std::span<int64_t>(scalars));
+  if (powersgd_) hand_out_powersgd_errors();
   position_ = {.epochs_completed = scalars[1],
                .epoch_samples_done = scalars[2],
                .global_step = scalars[3],
@@ -328,6 +344,8 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
   m.samples_per_sec = samples / m.epoch_seconds;
   m.samples_per_sec_per_rank = m.samples_per_sec / world_.size();
   m.stopped_early = step < steps;
+  m.gradient_bytes_per_step =
+      static_cast<double>(totals.payload_bytes) / static_cast<double>(std::max<int64_t>(totals.steps, 1));
   return m;
 }
 
@@ -340,6 +358,7 @@ void Trainer::train_step(int64_t epoch, int64_t step, StepTotals& totals) {
   lr_ = schedule_->at(static_cast<double>(epoch - 1) +
                       static_cast<double>(sampler_.samples_before(first_batch)) / sampler_.dataset_size());
 
+  const bool compressed = powersgd_ && powersgd_->compresses(position_.global_step);
   optimizer_->zero_grad();
   // Without SyncBatchNorm each rank's running statistics follow its own batches; as DDP does, every
   // step starts from rank 0's, so all ranks evaluate and checkpoint the same model.
@@ -363,17 +382,22 @@ void Trainer::train_step(int64_t epoch, int64_t step, StepTotals& totals) {
       loss = config_.model.loss == LossKind::kMse ? ops::mse(output, batch_.targets)
                                                   : ops::cross_entropy(output, batch_.labels);
     }
-    if (pass == passes - 1) reducer_->prepare(position_.global_step);  // buckets launch during this backward
+    // Buckets launch during the last backward; PowerSGD compresses after it.
+    if (pass == passes - 1 && !compressed) reducer_->prepare(position_.global_step);
     {
       Phase phase(totals.backward, "backward");
       loss.backward(reducer_->loss_scale(passes));  // the reducer's sums are then averages
     }
     count_batch(output, loss, totals);
   }
-  {
+  if (compressed) {
+    Phase phase(totals.communication, "PowerSGD");
+    powersgd_->reduce(position_.global_step);  // the low-rank approximation of the average
+  } else {
     Phase phase(totals.communication, "finish gradient averaging");
     reducer_->finish();  // gradients are now the average over all ranks and passes
   }
+  totals.payload_bytes += gradient_payload_bytes(position_.global_step);
   // Buckets reduced from inside backward (compression, the last bucket) count as communication.
   const double in_backward = reducer_->take_times().in_backward_s;
   totals.backward -= in_backward;
@@ -434,6 +458,7 @@ void Trainer::train_step_deterministic(int64_t epoch, int64_t step, StepTotals& 
     Phase phase(totals.communication, "exact gradient sum");
     exact_sum_->finish();
   }
+  totals.payload_bytes += gradient_payload_bytes(position_.global_step);
   {
     Phase phase(totals.optimizer, "optimizer");
     optimizer_->step(static_cast<float>(lr_));
@@ -521,8 +546,10 @@ void Trainer::resume(const std::string& which) {
                   c.position.epoch_samples_done, " of epoch ", c.position.epochs_completed + 1,
                   ") lies beyond the ", train_set_.size, " training samples configured now");
     check_deterministic_resume(c);
-    const std::vector<NamedTensor> state = optimizer_->state();
-    restore(c, model_state(), &state);
+    std::vector<NamedTensor> state = optimizer_->state();
+    if (powersgd_) state = powersgd_resume_state(c);
+    // PowerSGD's state is optional either way: it can be switched on or off at a resume.
+    restore(c, model_state(), &state, {"powersgd.q", "powersgd.error"});
   });
   if (!found) {
     std::printf("dptrain: --resume auto: no checkpoint in %s; starting fresh\n",
@@ -555,6 +582,15 @@ void Trainer::init_from(const std::string& path) {
 }
 
 void Trainer::save_checkpoint() {
+  Tensor powersgd_errors;  // every rank's, gathered on all (a collective: every rank saves)
+  if (powersgd_) {
+    powersgd_errors = Tensor::zeros({world_.size(), parameters_->size()});
+    const Tensor& mine = powersgd_->error();
+    comm_->allgather(
+        std::span<const float>(mine.data_ptr(), static_cast<std::size_t>(mine.numel())),
+        std::span<float>(powersgd_errors.data_ptr(), static_cast<std::size_t>(powersgd_errors.numel())),
+        "allgather of PowerSGD's error buffers for a checkpoint");
+  }
   const Json sampler = {{"seed", config_.seed},
                         {"shuffle", config_.data.shuffle},
                         {"drop_last", config_.data.drop_last},
@@ -568,7 +604,7 @@ void Trainer::save_checkpoint() {
       {"initialisation", "from (seed, parameter name)"}};
   const std::string note =
       checkpoints_.save({.parameters = model_state(),
-                         .optimizer_state = optimizer_->state(),
+                         .optimizer_state = training_state(powersgd_errors),
                          .position = position_,
                          .metadata = {{"producer", "dptrain"},
                                       {"world_size", std::to_string(world_.size())},
@@ -634,6 +670,97 @@ StepTimes Trainer::mean_step_times(const StepTotals& t, double wall_seconds) {
           .communication = sums[2] * per_step,
           .optimizer = sums[3] * per_step,
           .total = sums[4] * per_step};
+}
+
+std::vector<NamedTensor> Trainer::training_state(const Tensor& powersgd_errors) const {
+  std::vector<NamedTensor> state = optimizer_->state();
+  if (powersgd_) {
+    state.push_back({"powersgd.q", powersgd_->q()});
+    state.push_back({"powersgd.error", powersgd_errors});
+  }
+  return state;
+}
+
+// Rank 0, resuming with PowerSGD: what to restore of its state from `c`, with a note when the
+// checkpoint's state does not fit (written without PowerSGD, or for another rank).
+std::vector<NamedTensor> Trainer::powersgd_resume_state(const Checkpoint& c) {
+  std::vector<NamedTensor> state = optimizer_->state();
+  const std::string prefix = kOptimizerPrefix;
+  const Tensor* errors = c.file.find(prefix + "powersgd.error");
+  const Tensor* q = c.file.find(prefix + "powersgd.q");
+  resumed_powersgd_ranks_ = 0;
+  resumed_powersgd_errors_ = Tensor();
+  // Errors have the flat gradient layout, whatever the rank; written by however many ranks ran
+  // then (start() hands them out).
+  if (errors != nullptr && errors->ndim() == 2 && errors->dim(1) == parameters_->size()) {
+    resumed_powersgd_ranks_ = errors->dim(0);
+    resumed_powersgd_errors_ = Tensor::zeros({resumed_powersgd_ranks_, parameters_->size()});
+    state.push_back({"powersgd.error", resumed_powersgd_errors_});
+  }
+  if (q != nullptr && q->shape() == powersgd_->q().shape()) state.push_back({"powersgd.q", powersgd_->q()});
+  if (q == nullptr && errors == nullptr) {
+    std::printf("dptrain: %s holds no PowerSGD state (written without it): Q from the seed, errors zero\n",
+                c.path.c_str());
+  } else if (q == nullptr || q->shape() != powersgd_->q().shape()) {
+    std::printf(
+        "dptrain: %s: PowerSGD's Q was for another powersgd.rank or min_compression_rate; drawn "
+        "afresh from the seed, error buffers kept\n",
+        c.path.c_str());
+  }
+  return state;
+}
+
+void Trainer::hand_out_powersgd_errors() {
+  int64_t saved_ranks = resumed_powersgd_ranks_;  // 0 unless rank 0 resumed
+  comm_->broadcast(std::span<int64_t>(&saved_ranks, 1), 0,
+                   "broadcast of the ranks that wrote PowerSGD's errors");
+  if (saved_ranks == 0) return;  // a fresh start: no error yet
+  const int64_t size = parameters_->size();
+  if (!world_.is_root()) resumed_powersgd_errors_ = Tensor::zeros({saved_ranks, size});
+  comm_->broadcast(
+      std::span<float>(resumed_powersgd_errors_.data_ptr(), static_cast<std::size_t>(saved_ranks * size)), 0,
+      "broadcast of PowerSGD's error buffers");
+  const float* saved = resumed_powersgd_errors_.data_ptr();
+  float* error = powersgd_->error().data_ptr();
+  if (saved_ranks == world_.size()) {
+    std::copy_n(saved + world_.rank() * size, size, error);
+  } else if (world_.is_root()) {
+    std::fill_n(error, size, 0.0f);
+    for (int64_t r = 0; r < saved_ranks; ++r)
+      for (int64_t i = 0; i < size; ++i) error[i] += saved[r * size + i];
+    std::printf("dptrain: PowerSGD's error buffers of %lld rank(s) summed into rank 0's (%d rank(s) now)\n",
+                static_cast<long long>(saved_ranks), world_.size());
+  }
+  resumed_powersgd_errors_ = Tensor();
+  resumed_powersgd_ranks_ = 0;
+}
+
+int64_t Trainer::gradient_payload_bytes(int64_t global_step) const {
+  if (world_.size() == 1) return 0;
+  const int64_t size = parameters_->size();
+  if (deterministic_) return static_cast<int64_t>(sizeof(int64_t)) * size;
+  if (powersgd_ && powersgd_->compresses(global_step))
+    return static_cast<int64_t>(sizeof(float)) * powersgd_->payload_elements();
+  const bool half = config_.distributed.compression == distributed::Compression::kFp16 ||
+                    config_.distributed.compression == distributed::Compression::kBf16;
+  return static_cast<int64_t>(half ? sizeof(uint16_t) : sizeof(float)) * size;
+}
+
+std::string Trainer::powersgd_description() const {
+  if (!powersgd_) return "";
+  const DistributedConfig::PowerSgd& p = config_.distributed.powersgd;
+  const int64_t compressed = static_cast<int64_t>(powersgd_->matrices().size()),
+                tensors = static_cast<int64_t>(parameters_->parameters().size());
+  char text[256];
+  std::snprintf(
+      text, sizeof text,
+      "rank %lld from step %lld (plain allreduce before), %lld of %lld tensors compressed: %lld "
+      "elements per step instead of %lld, %.1fx fewer",
+      static_cast<long long>(p.rank), static_cast<long long>(p.start_step),
+      static_cast<long long>(compressed), static_cast<long long>(tensors),
+      static_cast<long long>(powersgd_->payload_elements()), static_cast<long long>(parameters_->size()),
+      static_cast<double>(parameters_->size()) / static_cast<double>(powersgd_->payload_elements()));
+  return text;
 }
 
 int64_t Trainer::global_batch() const {
@@ -704,6 +831,7 @@ RunSummary Trainer::summary() const {
           .global_batch = global_batch(),
           .steps_per_epoch = (sampler_.steps_per_epoch() + batches_per_step_ - 1) / batches_per_step_,
           .buckets = reducer_->buckets().size(),
+          .powersgd = powersgd_description(),
           .scaled_lr = schedule_->scaled_lr(),
           .already_complete = config_.training.epochs <= position_.epochs_completed || step_limit_reached(),
           .global_step = position_.global_step};

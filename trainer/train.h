@@ -30,6 +30,9 @@ struct EpochMetrics {
   bool stopped_early = false;  // training.max_steps ended this epoch
   int64_t first_sample = 0;    // > 0: a resumed epoch, begun at this sample of its permutation
   StepTimes step_times;
+  // What each rank contributed to the gradient collectives per step, mean over the epoch's steps:
+  // the allreduce payload (a ring allreduce moves 2 (N - 1) / N of it over each link).
+  double gradient_bytes_per_step = 0;
 };
 
 struct RunOptions {

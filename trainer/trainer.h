@@ -13,6 +13,7 @@
 #include "data/sampler.h"
 #include "distributed/communicator.h"
 #include "distributed/exact_sum.h"
+#include "distributed/powersgd.h"
 #include "distributed/reducer.h"
 #include "layers/module.h"
 #include "optim/optimizer.h"
@@ -43,6 +44,7 @@ class Trainer {
   struct StepTotals {
     distributed::ExactScalarSum loss_sum;  // per-sample losses: the same bits for any split into ranks
     int64_t correct = 0, samples = 0, steps = 0;
+    int64_t payload_bytes = 0;  // what this rank contributed to the gradient collectives
     double data = 0, forward = 0, backward = 0, communication = 0, optimizer = 0;  // seconds
   };
   // A batch as tensors on the run's device (host copies on the CPU are the tensors themselves).
@@ -77,6 +79,16 @@ class Trainer {
   void check_deterministic_resume(const Checkpoint& checkpoint) const;
   Json deterministic_metadata() const;  // what a checkpoint records of distributed.deterministic
   int64_t global_batch() const;         // samples per optimizer step, all ranks (full steps)
+  // Bytes this rank contributes to the gradient collectives of step `global_step` (0 on one rank).
+  int64_t gradient_payload_bytes(int64_t global_step) const;
+  // What checkpoints hold besides the model: the optimizer's state, and PowerSGD's Q and every
+  // rank's error buffer (`powersgd_errors`, [ranks, size]).
+  std::vector<NamedTensor> training_state(const Tensor& powersgd_errors) const;
+  // Start-up, every rank: each takes its error buffer from the checkpoint rank 0 resumed, or (on
+  // another number of ranks) rank 0 takes their sum, which is all the next step depends on.
+  void hand_out_powersgd_errors();
+  std::string powersgd_description() const;  // for the run's summary
+  std::vector<NamedTensor> powersgd_resume_state(const Checkpoint& c);
   RunSummary summary() const;
 
   const Config& config_;
@@ -102,6 +114,11 @@ class Trainer {
   std::unique_ptr<optim::LrSchedule> schedule_;
   std::unique_ptr<distributed::GradientReducer> reducer_;
   std::unique_ptr<distributed::ExactGradientSum> exact_sum_;  // deterministic mode only
+  std::unique_ptr<distributed::PowerSgdReducer> powersgd_;    // compression "powersgd" only
+  // Rank 0, resuming with PowerSGD: every rank's error buffer as the checkpoint holds them,
+  // [ranks then, size], handed out in start().
+  Tensor resumed_powersgd_errors_;
+  int64_t resumed_powersgd_ranks_ = 0;
   Progress progress_;
   InjectedFault fault_;
   Checkpoints checkpoints_;

@@ -52,6 +52,25 @@ JSON
     [ $rc -eq 0 ] || fail "netns_scaling.sh exited with $rc"
     grep -q "largest prediction error" "$SCRATCH/netns/100mbit/model.txt" || fail "no prediction for the throttled link"
     ;;
+  compression_netns)
+    [ -d "$SRC/data/mnist" ] || { echo "SKIP: data/mnist is absent"; exit 77; }
+    # One short epoch per mode at 100 Mbit/s: the table, the plot data and the bytes ratio.
+    bash "$SRC/scripts/compression_netns.sh" --build "$BUILD" --rates 100mbit --modes "none powersgd:2" --epochs 1 \
+      --target 0.5 --set data.max_train_samples=2048 --set data.max_test_samples=500 \
+      --set distributed.powersgd.start_step=0 --out "$SCRATCH/compression" >compression.out 2>&1
+    rc=$?
+    sed 's/^/  /' compression.out
+    [ $rc -eq 77 ] && exit 77
+    [ $rc -eq 0 ] || fail "compression_netns.sh exited with $rc"
+    results=$SCRATCH/compression/results.tsv
+    [ "$(wc -l <"$results")" -eq 3 ] || fail "expected 2 rows in results.tsv"
+    none=$(awk -F'\t' '$2 == "none" { print $3 }' "$results")
+    powersgd=$(awk -F'\t' '$2 == "powersgd:2" { print $3 }' "$results")
+    awk -v a="$none" -v b="$powersgd" 'BEGIN { exit !(b > 0 && a / b > 8) }' ||
+      fail "powersgd sent $powersgd bytes per step against $none uncompressed (expected > 8x fewer)"
+    grep -q "^| 100mbit | powersgd:2 |" "$SCRATCH/compression/table.md" || fail "no powersgd row in table.md"
+    [ -s "$SCRATCH/compression/100mbit/powersgd_rank2/curve.dat" ] || fail "no curve data"
+    ;;
   synthetic_benchmark)
     for np in 1 2; do
       cmd=("$BUILD/bench/synthetic_benchmark" --model resnet20 --input-shape 3,8,8 --batch-size 8 --num-classes 10

@@ -305,6 +305,42 @@ TEST(ConfigErrors, DeterministicModeExcludesWhatDependsOnTheRanks) {
   expect_config_error(stray, {"distributed.deterministic_micro_batch", "distributed.deterministic = true"});
 }
 
+TEST(Config, PowerSgdKeysAndTheirDefaults) {
+  Json j = mnist();
+  j["distributed"]["compression"] = "powersgd";
+  const Config defaults = parse_config(j);
+  EXPECT_EQ(defaults.distributed.compression, distributed::Compression::kPowerSgd);
+  EXPECT_EQ(defaults.distributed.powersgd.rank, 2);
+  EXPECT_EQ(defaults.distributed.powersgd.start_step, 100);
+  EXPECT_EQ(defaults.distributed.powersgd.min_compression_rate, 2);
+  j["distributed"]["powersgd"] = {{"rank", 4}, {"start_step", 0}, {"min_compression_rate", 1.5}};
+  const Config c = parse_config(j);
+  EXPECT_EQ(c.distributed.powersgd.rank, 4);
+  EXPECT_EQ(c.distributed.powersgd.start_step, 0);
+  EXPECT_EQ(c.distributed.powersgd.min_compression_rate, 1.5);
+  EXPECT_EQ(to_json(parse_config(to_json(c))), to_json(c));
+}
+
+TEST(ConfigErrors, PowerSgdKeys) {
+  Json stray = mnist();
+  stray["distributed"]["powersgd"] = {{"rank", 2}};
+  expect_config_error(stray, {"distributed.powersgd", "distributed.compression = \"powersgd\""});
+  Json base = mnist();
+  base["distributed"]["compression"] = "powersgd";
+  Json zero = base;
+  zero["distributed"]["powersgd"] = {{"rank", 0}};
+  expect_config_error(zero, {"distributed.powersgd.rank", "out of range"});
+  Json typo = base;
+  typo["distributed"]["powersgd"] = {{"start_iter", 5}};
+  expect_config_error(typo, {"distributed.powersgd.start_iter", "not a known key"});
+  Json gpu = base;
+  gpu["device"] = "cuda";
+  expect_config_error(gpu, {"\"powersgd\"", "\"cpu\"", "\"cuda\""});
+  Json deterministic = base;
+  deterministic["distributed"]["deterministic"] = true;
+  expect_config_error(deterministic, {"distributed.deterministic", "distributed.compression = \"powersgd\""});
+}
+
 TEST(ReadJsonFile, MissingFileAndSyntaxErrorNameTheFile) {
   expect_error([] { read_json_file(kSource + "/configs/no_such_config.json"); },
                {"no_such_config.json", "cannot open"});
