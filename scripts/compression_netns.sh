@@ -2,21 +2,28 @@
 # What gradient compression buys on a slow link, as time to accuracy: MNIST training on 2 ranks in
 # separate network namespaces (scripts/netns_link.sh: veth, bridge, tbf), for each link rate and
 # compression mode. Per run: bytes each rank contributes to the gradient allreduces per step (the
-# trainer's gradient_bytes_per_step), samples/s, the test accuracy after each epoch, and the training
-# time (evaluations excluded) until the test accuracy first reaches --target. Writes results.tsv,
-# table.md and a plot of test accuracy against training time (one panel per rate) to --out.
+# trainer's gradient_bytes_per_step), samples/s, compute and communication not overlapped per step,
+# the test accuracy after each epoch, and the training time (evaluations excluded) until the test
+# accuracy first reaches --target. Writes results.tsv (one
+# row per run), table.md (per rate and mode the median over --repeats, with the range of the time to
+# target) and a plot of test accuracy against training time (one panel per rate, the median run's
+# curve) to --out. Repeats are interleaved (round 1 of every rate and mode, then round 2, ...) so
+# that a slow spell of a shared machine does not land on one mode only.
 #
 #   scripts/compression_netns.sh [--rates "100mbit 1gbit"]
 #       [--modes "none fp16 powersgd:1 powersgd:2 powersgd:4"] [--epochs 5] [--target 0.985]
-#       [--config configs/mnist.json] [--out runs/compression] [--build build] [--set KEY=VALUE]...
+#       [--repeats 1] [--config configs/mnist.json] [--out runs/compression] [--build build]
+#       [--set KEY=VALUE]... [--summarize-only]
 #
 # powersgd:R is distributed.compression "powersgd" at rank R; --set distributed.powersgd.* reaches
 # the powersgd runs only (the key is an error without that compression), any other --set every run.
-# Needs root (ip netns, tc); exits 77 with the reason when namespaces cannot be made.
+# --summarize-only rebuilds results.tsv, table.md and the plot from the runs already in --out.
+# Needs root (ip netns, tc), except with --summarize-only; exits 77 with the reason when namespaces
+# cannot be made.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-rates="100mbit 1gbit" modes="none fp16 powersgd:1 powersgd:2 powersgd:4" epochs=5 target=0.985
-config=configs/mnist.json out=runs/compression build=build
+rates="100mbit 1gbit" modes="none fp16 powersgd:1 powersgd:2 powersgd:4" epochs=5 target=0.985 repeats=1
+config=configs/mnist.json out=runs/compression build=build summarize_only=0
 sets=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -24,34 +31,72 @@ while [ $# -gt 0 ]; do
     --modes) modes=$2 ;;
     --epochs) epochs=$2 ;;
     --target) target=$2 ;;
+    --repeats) repeats=$2 ;;
     --config) config=$2 ;;
     --out) out=$2 ;;
     --build) build=$2 ;;
     --set) sets+=(--set "$2") ;;
-    -h | --help) sed -n '2,14p' "$0"; exit 0 ;;
+    --summarize-only) summarize_only=1; shift; continue ;;
+    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "compression_netns.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift 2
 done
+[[ $repeats =~ ^[1-9][0-9]*$ ]] || { echo "compression_netns.sh: --repeats must be a positive integer, got '$repeats'" >&2; exit 2; }
 cd "$repo_root"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-build=$(cd "$build" && pwd)  # the daemons in the namespaces start from another directory
-config=$(realpath "$config")
-[ -x "$build/trainer" ] || { echo "compression_netns.sh: $build/trainer is not built" >&2; exit 1; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-source "$repo_root/scripts/netns_link.sh"
 
 # field FILE KEY: KEY's value on each line of a metrics.jsonl (numbers only).
 field() { sed -n "s/.*\"$2\":\([-0-9.eE+]*\).*/\1/p" "$1"; }
 
-printf 'rate\tmode\tbytes_per_step\tsamples_per_sec\tfinal_accuracy\tseconds_to_target\tepoch_to_target\ttotal_seconds\n' \
-  >"$out/results.tsv"
-for rate in $rates; do
+# run_dir RATE MODE REPEAT
+run_dir() { local dir=$out/$1/${2/:/_rank}; [ "$repeats" -eq 1 ] && echo "$dir" || echo "$dir/repeat$3"; }
+
+# summarize RATE MODE REPEAT: the run's row of results.tsv on stdout, its curve.dat (test accuracy
+# against cumulative training time, for the plot) in its directory.
+summarize() {
+  local run metrics
+  run=$(run_dir "$1" "$2" "$3")
+  metrics=$run/metrics.jsonl
+  [ -s "$metrics" ] || { echo "compression_netns.sh: no $metrics" >&2; return 1; }
+  paste <(field "$metrics" test_accuracy) <(field "$metrics" epoch_seconds) \
+    <(field "$metrics" gradient_bytes_per_step) <(field "$metrics" samples_per_sec) \
+    <(field "$metrics" compute) <(field "$metrics" communication) |
+    awk -v rate="$1" -v mode="$2" -v repeat="$3" -v target="$target" -v OFS='\t' '
+      { t += $2; acc = $1; bytes += $3; speed += $4; compute += $5; communication += $6; n++
+        if (!reached && $1 >= target) { reached = 1; to = t; epoch = n } }
+      END { if (n == 0) { print "no epochs in metrics.jsonl" > "/dev/stderr"; exit 1 }
+            printf "%s\t%s\t%d\t%.0f\t%.0f\t%.2f\t%.2f\t%.4f\t%s\t%s\t%.1f\n", rate, mode, repeat, bytes / n,
+                   speed / n, compute / n, communication / n, acc,
+                   reached ? sprintf("%.1f", to) : "not reached", reached ? epoch : "-", t }'
+  paste <(field "$metrics" epoch_seconds) <(field "$metrics" test_accuracy) |
+    awk '{ t += $1; print t, 100 * $2 }' >"$run/curve.dat"
+}
+
+header='rate\tmode\trepeat\tbytes_per_step\tsamples_per_sec\tcompute_ms\tcommunication_ms\tfinal_accuracy\tseconds_to_target\tepoch_to_target\ttotal_seconds\n'
+if [ "$summarize_only" = 1 ]; then
+  {
+    printf "$header"
+    for ((repeat = 1; repeat <= repeats; repeat++)); do
+      for rate in $rates; do
+        for mode in $modes; do summarize "$rate" "$mode" "$repeat"; done
+      done
+    done
+  } >"$out/results.tsv"
+else
+ build=$(cd "$build" && pwd)  # the daemons in the namespaces start from another directory
+ config=$(realpath "$config")
+ [ -x "$build/trainer" ] || { echo "compression_netns.sh: $build/trainer is not built" >&2; exit 1; }
+ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+ source "$repo_root/scripts/netns_link.sh"
+ printf "$header" >"$out/results.tsv"
+ for ((repeat = 1; repeat <= repeats; repeat++)); do
+ for rate in $rates; do
   throttle "$rate"
-  echo "== $rate (tbf burst $burst bytes)"
+  echo "== $rate (tbf burst $burst bytes)$([ "$repeats" -gt 1 ] && echo ", repeat $repeat of $repeats")"
   for mode in $modes; do
-    run=$out/$rate/${mode/:/_rank}
+    run=$(run_dir "$rate" "$mode" "$repeat")
     rm -rf "$run"
     mkdir -p "$run"
     args=(--set "distributed.compression=\"${mode%%:*}\"")
@@ -62,30 +107,49 @@ for rate in $rates; do
     mpi "$run/train.log" "$build/trainer" --config "$config" --set "output_dir=\"$run\"" --set threads=1 \
       --set "data.dir=\"$repo_root/data/mnist\"" --set "training.epochs=$epochs" --set training.progress=lines \
       --set checkpoint.every_epochs=0 "${args[@]}"
-    metrics=$run/metrics.jsonl
-    paste <(field "$metrics" test_accuracy) <(field "$metrics" epoch_seconds) \
-      <(field "$metrics" gradient_bytes_per_step) <(field "$metrics" samples_per_sec) |
-      awk -v rate="$rate" -v mode="$mode" -v target="$target" -v OFS='\t' '
-        { t += $2; acc = $1; bytes += $3; speed += $4; n++
-          if (!reached && $1 >= target) { reached = 1; to = t; epoch = n } }
-        END { if (n == 0) { print "no epochs in metrics.jsonl" > "/dev/stderr"; exit 1 }
-              printf "%s\t%s\t%.0f\t%.0f\t%.4f\t%s\t%s\t%.1f\n", rate, mode, bytes / n, speed / n, acc,
-                     reached ? sprintf("%.1f", to) : "not reached", reached ? epoch : "-", t }' |
-      tee -a "$out/results.tsv" | awk -F'\t' '{ printf "  %-11s %8.0f B/step  %6.0f samples/s  final %.2f%%  to target: %s s (epoch %s)\n",
-                                             $2, $3, $4, 100 * $5, $6, $7 }'
-    # Accuracy against cumulative training time, for the plot.
-    paste <(field "$metrics" epoch_seconds) <(field "$metrics" test_accuracy) |
-      awk '{ t += $1; print t, 100 * $2 }' >"$run/curve.dat"
+    summarize "$rate" "$mode" "$repeat" | tee -a "$out/results.tsv" | awk -F'\t' '{
+      printf "  %-11s %8.0f B/step  %6.0f samples/s  step %.1f ms compute + %.1f ms communication  final %.2f%%  to target: %s\n",
+        $2, $4, $5, $6, $7, 100 * $8, $9 == "not reached" ? $9 : sprintf("%s s (epoch %s)", $9, $10) }'
   done
-done
+ done
+ done
+fi
 
+# Per rate and mode, the median of each column over the repeats; "not reached" sorts last.
+target_percent=$(awk -v t="$target" 'BEGIN { printf "%.1f%%", 100 * t }')
 {
-  echo "| link | compression | bytes per step per rank | samples/s | final test accuracy | time to $(awk -v t="$target" 'BEGIN { printf "%.1f%%", 100 * t }') |"
-  echo "|---|---|---|---|---|---|"
-  tail -n +2 "$out/results.tsv" | awk -F'\t' '{
-    bytes = $3 >= 1e6 ? sprintf("%.2f MB", $3 / 1e6) : sprintf("%.1f kB", $3 / 1e3)
-    to = $6 == "not reached" ? $6 : sprintf("%s s (epoch %s)", $6, $7)
-    printf "| %s | %s | %s | %s | %.2f%% | %s |\n", $1, $2, bytes, $4, 100 * $5, to }'
+  [ "$repeats" -gt 1 ] && echo "Medians of $repeats interleaved runs; the time to $target_percent with its range."
+  echo "| link | compression | bytes per step per rank | samples/s | step: compute + communication not overlapped | final test accuracy | time to $target_percent |"
+  echo "|---|---|---|---|---|---|---|"
+  awk -F'\t' -v never=1e99 '
+    function median(column, key, count,   i, j, v, tmp) {
+      for (i = 1; i <= count; i++) v[i] = value[column, key, i]
+      for (i = 2; i <= count; i++)
+        for (j = i; j > 1 && v[j - 1] > v[j]; j--) { tmp = v[j]; v[j] = v[j - 1]; v[j - 1] = tmp }
+      low = v[1]; high = v[count]
+      return count % 2 ? v[(count + 1) / 2] : (v[count / 2] + v[count / 2 + 1]) / 2
+    }
+    NR > 1 {
+      key = $1 SUBSEP $2
+      if (!(key in runs)) order[++groups] = key
+      n = ++runs[key]
+      for (c = 4; c <= 10; c++) value[c, key, n] = ($c == "not reached" || $c == "-") ? never : $c + 0
+    }
+    END {
+      for (g = 1; g <= groups; g++) {
+        key = order[g]; n = runs[key]; split(key, name, SUBSEP)
+        bytes = median(4, key, n)
+        bytes = bytes >= 1e6 ? sprintf("%.2f MB", bytes / 1e6) : sprintf("%.1f kB", bytes / 1e3)
+        step = sprintf("%.1f + %.1f ms", median(6, key, n), median(7, key, n))
+        epoch = median(10, key, n)
+        seconds = median(9, key, n)
+        if (seconds >= never) to = "not reached"
+        else if (n == 1) to = sprintf("%.1f s (epoch %d)", seconds, epoch)
+        else to = sprintf("%.1f s (%.1f-%s, epoch %d)", seconds, low, high >= never ? "not reached" : sprintf("%.1f", high), epoch)
+        printf "| %s | %s | %s | %.0f | %s | %.2f%% | %s |\n", name[1], name[2], bytes, median(5, key, n), step,
+               100 * median(8, key, n), to
+      }
+    }' "$out/results.tsv"
 } >"$out/table.md"
 cat "$out/table.md"
 
@@ -102,7 +166,11 @@ if command -v gnuplot >/dev/null; then
     for rate in $rates; do
       plot=""
       for mode in $modes; do
-        plot+="${plot:+, }'$out/$rate/${mode/:/_rank}/curve.dat' using 1:2 with linespoints title '$mode'"
+        # The run whose time to target is the median (the lower one of the middle two).
+        median_repeat=$(awk -F'\t' -v rate="$rate" -v mode="$mode" '$1 == rate && $2 == mode {
+            print ($9 == "not reached" ? 1e99 : $9), $3 }' "$out/results.tsv" |
+          sort -g | awk '{ r[NR] = $2 } END { print r[int((NR + 1) / 2)] }')
+        plot+="${plot:+, }'$(run_dir "$rate" "$mode" "$median_repeat")/curve.dat' using 1:2 with linespoints title '$mode'"
       done
       echo "set title 'link $rate'"
       echo "plot $plot"
