@@ -156,11 +156,14 @@ case "$CASE" in
     ;;
 
   output_dir_lock)
-    RUN_DIR=run start 1 holder "${RUN[@]}"
+    # The holder trains for far longer than the test lasts (it is SIGKILLed below): a 2-epoch holder
+    # could end within the second trainer's start-up (about 2 s in a Release build) and let it in.
+    RUN_DIR=run start 1 holder "${RUN[@]}" --set training.epochs=1000
     holder=$PID
     wait_for "$SCRATCH/run/checkpoints/ckpt-00000020.safetensors"
     RUN_DIR=run launch 1 second "${RUN[@]}"
     sed 's/^/    /' second.err
+    kill -0 "$holder" 2>/dev/null || fail "the holder ended before the second trainer was refused (test too short)"
     [ "$RC" -ne 0 ] || fail "a second trainer on the same output_dir was let in"
     grep -q "dptrain: error on rank 0: $SCRATCH/run is in use by another dptrain job (host .*, pid $holder, started " second.err ||
       fail "the refusal does not name the holder"
