@@ -62,6 +62,9 @@ int main(int argc, char** argv) {
           "optimizer %.2f; tensor buffers allocated in timed steps: %lld\n",
           ms(t.total), world.size(), ms(t.data), ms(t.compute), ms(t.communication), ms(t.optimizer),
           static_cast<long long>(r.tensor_allocations));
+      std::printf("%.2f MFLOP per sample (3 x forward's multiply-adds x 2): %.1f GFLOP/s per rank\n",
+                  r.training_flops_per_sample / 1e6,
+                  r.training_flops_per_sample * r.samples_per_sec / world.size() / 1e9);
       const Json result = {
           {"bench", "train"},
           {"config", config_path},
@@ -76,6 +79,7 @@ int main(int argc, char** argv) {
           {"samples_per_sec", r.samples_per_sec},
           {"bucket_bytes", r.bucket_bytes},
           {"backward_fraction", r.backward_fraction},
+          {"training_flops_per_sample", r.training_flops_per_sample},
           {"step_ms",
            {{"data", ms(t.data)},
             {"compute", ms(t.compute)},

@@ -7,7 +7,8 @@
 // kernels overwrite their outputs. Kernels may run asynchronously on the device: a result becomes
 // visible to the host through copy_to_host(), which waits for it.
 //
-// A new backend implements every pure virtual below and passes tests/core/backend_conformance_test
+// A new backend implements every pure virtual below (the fused ops have defaults composed of the
+// others) and passes tests/core/backend_conformance_test
 // (every op, forward and each input gradient, and both optimizers, against the reference backend).
 #pragma once
 
@@ -53,6 +54,13 @@ struct Conv2dGeometry {
 struct Pool2dGeometry {
   int64_t planes, height, width, out_h, out_w;
   int kernel, stride, padding;
+};
+// conv2d with fuse_relu, then max pooling of its output planes (pool.planes = batch * out_channels,
+// pool.height / width = conv.out_h / out_w): y = maxpool(relu(conv2d(x))) [batch, out_channels,
+// pool.out_h, pool.out_w]. The conv output (the largest tensor of a small CNN) need not exist.
+struct ConvPoolGeometry {
+  Conv2dGeometry conv;
+  Pool2dGeometry pool;
 };
 // Batch normalisation of x [batch, channels, inner] per channel over batch and inner (inner = H*W).
 // Its statistics travel in small device buffers so that SyncBatchNorm can add them across ranks
@@ -109,6 +117,18 @@ class Backend {
   virtual void maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& g) = 0;
   virtual void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx,
                                   const Pool2dGeometry& g) = 0;
+  // The fused conv2d -> ReLU -> max pooling. Results equal those of conv2d (fuse_relu) followed by
+  // maxpool2d, argmax (may be null) included, and backward's those of maxpool2d_backward followed by
+  // conv2d_backward. `y` is the pooled output; it and argmax are all backward needs (the gradient
+  // passes to a window's winner where the pooled value is > 0). The defaults run those kernels
+  // through temporaries the size of the conv output (backward scatters y to stand in for it in
+  // conv2d_backward's mask); a backend overrides them to keep that tensor out of memory (the CPU
+  // backend pools each chunk of the batch while it is in cache).
+  virtual void conv2d_relu_maxpool(const float* x, const float* w, const float* bias, float* y,
+                                   int32_t* argmax, const ConvPoolGeometry& g);
+  virtual void conv2d_relu_maxpool_backward(const float* gy, const int32_t* argmax, const float* y,
+                                            const float* x, const float* w, float* gx, float* gw,
+                                            float* gbias, const ConvPoolGeometry& g);
 
   // ---- batch normalisation (buffers as in BatchNormShape) ----
   virtual void batchnorm_sums(const float* x, double* sums, BatchNormShape s) = 0;

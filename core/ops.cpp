@@ -87,8 +87,10 @@ Tensor add_bias(const Tensor& x, const Tensor& bias) {
   return out;
 }
 
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dOptions options) {
-  Backend& backend = backend_of("conv2d", {&x, &weight, &bias});
+namespace {
+
+Conv2dGeometry conv2d_geometry(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                               Conv2dOptions options) {
   DPTRAIN_CHECK(x.ndim() == 4, "conv2d: input must be [B, C, H, W], got ", shape_str(x.shape()));
   DPTRAIN_CHECK(weight.ndim() == 4 && weight.dim(1) == x.dim(1), "conv2d: weight ", shape_str(weight.shape()),
                 " ([out_c, in_c, kh, kw]) does not match input ", shape_str(x.shape()));
@@ -102,6 +104,32 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dO
                 " with padding ", g.padding);
   DPTRAIN_CHECK(!bias.defined() || (bias.ndim() == 1 && bias.dim(0) == g.out_channels), "conv2d: bias ",
                 shape_str(bias.shape()), " does not match ", g.out_channels, " output channels");
+  return g;
+}
+
+// Pooling of the planes of an input [batch, channels, height, width].
+Pool2dGeometry maxpool2d_geometry(const Shape& x, MaxPool2dOptions o) {
+  DPTRAIN_CHECK(x.size() == 4, "maxpool2d: input must be [B, C, H, W], got ", shape_str(x));
+  DPTRAIN_CHECK(o.kernel >= 1 && o.stride >= 1, "maxpool2d: kernel and stride must be >= 1");
+  DPTRAIN_CHECK(o.padding >= 0 && 2 * o.padding <= o.kernel, "maxpool2d: padding ", o.padding,
+                " must lie in [0, kernel / 2] (kernel ", o.kernel, ")");
+  DPTRAIN_CHECK(x[2] + 2 * o.padding >= o.kernel && x[3] + 2 * o.padding >= o.kernel, "maxpool2d: kernel ",
+                o.kernel, " larger than input ", shape_str(x), " with padding ", o.padding);
+  return {x[0] * x[1],
+          x[2],
+          x[3],
+          (x[2] + 2 * o.padding - o.kernel) / o.stride + 1,
+          (x[3] + 2 * o.padding - o.kernel) / o.stride + 1,
+          o.kernel,
+          o.stride,
+          o.padding};
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dOptions options) {
+  Backend& backend = backend_of("conv2d", {&x, &weight, &bias});
+  const Conv2dGeometry g = conv2d_geometry(x, weight, bias, options);
   Tensor out = Tensor::empty({g.batch, g.out_channels, g.out_h, g.out_w}, x.device());
   backend.conv2d(x.data_ptr(), weight.data_ptr(), data_if_defined(bias), out.data_ptr(), g);
   if (autograd::any_requires_grad({&x, &weight, &bias})) {
@@ -115,20 +143,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dO
 
 Tensor maxpool2d(const Tensor& x, int kernel, int stride, int padding) {
   Backend& backend = backend_of("maxpool2d", {&x});
-  DPTRAIN_CHECK(x.ndim() == 4, "maxpool2d: input must be [B, C, H, W], got ", shape_str(x.shape()));
-  DPTRAIN_CHECK(kernel >= 1 && stride >= 1, "maxpool2d: kernel and stride must be >= 1");
-  DPTRAIN_CHECK(padding >= 0 && 2 * padding <= kernel, "maxpool2d: padding ", padding,
-                " must lie in [0, kernel / 2] (kernel ", kernel, ")");
-  DPTRAIN_CHECK(x.dim(2) + 2 * padding >= kernel && x.dim(3) + 2 * padding >= kernel, "maxpool2d: kernel ",
-                kernel, " larger than input ", shape_str(x.shape()), " with padding ", padding);
-  const Pool2dGeometry g{x.dim(0) * x.dim(1),
-                         x.dim(2),
-                         x.dim(3),
-                         (x.dim(2) + 2 * padding - kernel) / stride + 1,
-                         (x.dim(3) + 2 * padding - kernel) / stride + 1,
-                         kernel,
-                         stride,
-                         padding};
+  const Pool2dGeometry g = maxpool2d_geometry(x.shape(), {kernel, stride, padding});
   Tensor out = Tensor::empty({x.dim(0), x.dim(1), g.out_h, g.out_w}, x.device());
   const bool track = autograd::any_requires_grad({&x});
   // Position of each output's winner within its input plane, kept for backward.
@@ -137,6 +152,27 @@ Tensor maxpool2d(const Tensor& x, int kernel, int stride, int padding) {
   if (track) {
     autograd::record(out, {&x}, [&backend, x, out, argmax, g] {
       backend.maxpool2d_backward(out.grad_ptr(), argmax->as<int32_t>(), x.grad_ptr(), g);
+    });
+  }
+  return out;
+}
+
+Tensor conv2d_relu_maxpool(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dOptions conv,
+                           MaxPool2dOptions pool) {
+  Backend& backend = backend_of("conv2d_relu_maxpool", {&x, &weight, &bias});
+  conv.fuse_relu = true;
+  ConvPoolGeometry g{conv2d_geometry(x, weight, bias, conv), {}};
+  g.pool = maxpool2d_geometry({g.conv.batch, g.conv.out_channels, g.conv.out_h, g.conv.out_w}, pool);
+  Tensor out = Tensor::empty({g.conv.batch, g.conv.out_channels, g.pool.out_h, g.pool.out_w}, x.device());
+  const bool track = autograd::any_requires_grad({&x, &weight, &bias});
+  StoragePtr argmax = track ? make_storage(sizeof(int32_t) * out.numel(), x.device()) : nullptr;
+  backend.conv2d_relu_maxpool(x.data_ptr(), weight.data_ptr(), data_if_defined(bias), out.data_ptr(),
+                              track ? argmax->as<int32_t>() : nullptr, g);
+  if (track) {
+    autograd::record(out, {&x, &weight, &bias}, [&backend, x, weight, bias, out, argmax, g] {
+      backend.conv2d_relu_maxpool_backward(out.grad_ptr(), argmax->as<int32_t>(), out.data_ptr(),
+                                           x.data_ptr(), weight.data_ptr(), grad_if_wanted(x),
+                                           grad_if_wanted(weight), grad_if_wanted(bias), g);
     });
   }
   return out;

@@ -32,6 +32,16 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dO
 // part in the maximum (padding <= kernel / 2, as PyTorch requires). Ties send the gradient to the
 // first maximum in row-major window order, as PyTorch does.
 Tensor maxpool2d(const Tensor& x, int kernel, int stride, int padding = 0);
+struct MaxPool2dOptions {
+  int kernel = 2;
+  int stride = 2;
+  int padding = 0;
+};
+// maxpool2d(conv2d(x, weight, bias, conv with fuse_relu), pool...) in one kernel, so that the conv
+// output (the largest activation of a small CNN) need not go to memory and back, forward or
+// backward. The same numbers as the two ops.
+Tensor conv2d_relu_maxpool(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dOptions conv,
+                           MaxPool2dOptions pool);
 // x [B, C, H, W] -> [B, C]: the mean of each plane (PyTorch's AdaptiveAvgPool2d(1) + flatten).
 Tensor global_avgpool(const Tensor& x);
 

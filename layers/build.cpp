@@ -183,13 +183,19 @@ std::unique_ptr<Sequential> build_sequential(const Json& layers, const Shape& in
       DPTRAIN_FAIL("config key ", path, "[", i, "]: ", e.what());
     }
   }
-  // conv2d followed by relu: one kernel does both (same numbers, one pass less over the activation).
+  // conv2d followed by relu: one kernel does both (same numbers, one pass less over the activation);
+  // and by a max pooling after that, one kernel does all three (the conv output never stored).
   for (std::size_t i = 0; i + 1 < model->size(); ++i) {
     auto* conv = dynamic_cast<Conv2D*>(&model->layer(i));
     auto* act = dynamic_cast<ActivationLayer*>(&model->layer(i + 1));
     if (conv && act && act->kind() == Activation::kRelu) {
       conv->fuse_relu();
       act->mark_fused();
+      auto* pool = i + 2 < model->size() ? dynamic_cast<MaxPool2D*>(&model->layer(i + 2)) : nullptr;
+      if (pool) {
+        conv->fuse_maxpool(pool->options());
+        pool->mark_fused();
+      }
     }
   }
   return model;

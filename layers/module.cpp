@@ -56,6 +56,10 @@ Shape Conv2D::output_shape(const Shape& input) const {
   return {weight_.dim(0), h, w};
 }
 
+int64_t Conv2D::multiply_adds(const Shape& input) const {
+  return shape_numel(output_shape(input)) * (weight_.numel() / weight_.dim(0));
+}
+
 std::vector<NamedTensor> Conv2D::named_parameters() const {
   return weight_and_bias(name_, weight_, bias_);
 }
@@ -77,7 +81,8 @@ Shape MaxPool2D::output_shape(const Shape& input) const {
 
 std::string MaxPool2D::describe() const {
   return "MaxPool2D(" + std::to_string(kernel_) + ", stride " + std::to_string(stride_) +
-         (padding_ ? ", padding " + std::to_string(padding_) : "") + ")";
+         (padding_ ? ", padding " + std::to_string(padding_) : "") + ")" +
+         (fused_ ? " (fused into the convolution before)" : "");
 }
 
 BatchNorm2d::BatchNorm2d(std::string name, int64_t channels)
@@ -163,6 +168,16 @@ Shape ResidualBlock::output_shape(const Shape& input) const {
   return s;
 }
 
+int64_t ResidualBlock::multiply_adds(const Shape& input) const {
+  int64_t total = downsample_ ? downsample_->conv->multiply_adds(input) : 0;
+  Shape s = input;
+  for (const ConvBn& p : path_) {
+    total += p.conv->multiply_adds(s);
+    s = p.conv->output_shape(s);
+  }
+  return total;
+}
+
 std::vector<NamedTensor> ResidualBlock::named_parameters() const {
   std::vector<NamedTensor> out;
   const auto add = [&](const ConvBn& p) {
@@ -237,6 +252,16 @@ Shape Sequential::output_shape(const Shape& input) const {
   Shape s = input;
   for (const auto& layer : layers_) s = layer->output_shape(s);
   return s;
+}
+
+int64_t Sequential::multiply_adds(const Shape& input) const {
+  int64_t total = 0;
+  Shape s = input;
+  for (const auto& layer : layers_) {
+    total += layer->multiply_adds(s);
+    s = layer->output_shape(s);
+  }
+  return total;
 }
 
 std::vector<NamedTensor> Sequential::named_parameters() const {

@@ -28,6 +28,10 @@ class Module {
   // State that is not trained: BatchNorm's running statistics and its batch counter.
   virtual std::vector<NamedTensor> named_buffers() const { return {}; }
   virtual std::string describe() const = 0;
+  // Multiply-adds of forward per sample for a per-sample input shape, counting the GEMM-shaped layers
+  // (convolutions, dense) only: the rest move memory rather than compute. Training costs about
+  // three times this (forward, and backward's input and weight gradients) in multiply-adds.
+  virtual int64_t multiply_adds(const Shape& /*input*/) const { return 0; }
   // SyncBatchNorm: batch statistics summed over the replicas through `sync` (null: this rank's batch).
   virtual void sync_batch_statistics(CrossReplicaSum* /*sync*/) {}
   virtual void set_training(bool on) { training_ = on; }
@@ -46,6 +50,7 @@ class Dense : public Module {
   Dense(std::string name, int64_t in_features, int64_t out_features, bool bias);
   Tensor forward(const Tensor& x) override { return ops::linear(x, weight_, bias_); }
   Shape output_shape(const Shape& input) const override;
+  int64_t multiply_adds(const Shape& /*input*/) const override { return weight_.numel(); }
   std::vector<NamedTensor> named_parameters() const override;
   std::string describe() const override;
   const Tensor& weight() const { return weight_; }
@@ -61,11 +66,18 @@ class Conv2D : public Module {
   Conv2D(std::string name, int64_t in_channels, int64_t out_channels, int kernel, int stride, int padding,
          bool bias);
   Tensor forward(const Tensor& x) override {
+    if (fused_pool_)
+      return ops::conv2d_relu_maxpool(x, weight_, bias_, {stride_, padding_, true}, *fused_pool_);
     return ops::conv2d(x, weight_, bias_, {stride_, padding_, fuse_relu_});
   }
   // Applies the following ReLU inside the convolution (see Conv2dOptions::fuse_relu).
   void fuse_relu() { fuse_relu_ = true; }
+  // After fuse_relu: applies the max pooling that follows the ReLU too (ops::conv2d_relu_maxpool).
+  // output_shape still describes the convolution's output (and the fused MaxPool2D's the pooled
+  // one), so shapes and multiply-adds chain through the layers as without fusion.
+  void fuse_maxpool(ops::MaxPool2dOptions pool) { fused_pool_ = pool; }
   Shape output_shape(const Shape& input) const override;
+  int64_t multiply_adds(const Shape& input) const override;
   std::vector<NamedTensor> named_parameters() const override;
   std::string describe() const override;
   const Tensor& weight() const { return weight_; }
@@ -75,18 +87,25 @@ class Conv2D : public Module {
   std::string name_;
   int kernel_, stride_, padding_;
   bool fuse_relu_ = false;
+  std::optional<ops::MaxPool2dOptions> fused_pool_;
   Tensor weight_, bias_;  // [out_c, in_c, k, k], [out_c]
 };
 
 class MaxPool2D : public Module {
  public:
   MaxPool2D(int kernel, int stride, int padding = 0) : kernel_(kernel), stride_(stride), padding_(padding) {}
-  Tensor forward(const Tensor& x) override { return ops::maxpool2d(x, kernel_, stride_, padding_); }
+  Tensor forward(const Tensor& x) override {
+    return fused_ ? x : ops::maxpool2d(x, kernel_, stride_, padding_);
+  }
   Shape output_shape(const Shape& input) const override;
   std::string describe() const override;
+  ops::MaxPool2dOptions options() const { return {kernel_, stride_, padding_}; }
+  // The convolution before applies this pooling itself; forward passes its input through.
+  void mark_fused() { fused_ = true; }
 
  private:
   int kernel_, stride_, padding_;
+  bool fused_ = false;
 };
 
 // BatchNorm2d with PyTorch's defaults: eps 1e-5, momentum 0.1, affine, running statistics tracked.
@@ -167,6 +186,7 @@ class ResidualBlock : public Module {
   ResidualBlock(Kind kind, const std::string& name, int64_t in_channels, int64_t planes, int stride);
   Tensor forward(const Tensor& x) override;
   Shape output_shape(const Shape& input) const override;
+  int64_t multiply_adds(const Shape& input) const override;
   std::vector<NamedTensor> named_parameters() const override;
   std::vector<NamedTensor> named_buffers() const override;
   std::string describe() const override;
@@ -193,6 +213,7 @@ class Sequential : public Module {
   void add(std::unique_ptr<Module> layer) { layers_.push_back(std::move(layer)); }
   Tensor forward(const Tensor& x) override;
   Shape output_shape(const Shape& input) const override;
+  int64_t multiply_adds(const Shape& input) const override;
   std::vector<NamedTensor> named_parameters() const override;
   std::vector<NamedTensor> named_buffers() const override;
   std::string describe() const override;

@@ -39,6 +39,7 @@ BenchmarkResult Trainer::benchmark(const BenchmarkOptions& options) {
   }
   result.tensor_allocations = static_cast<int64_t>(storage_stats().fresh_allocations - allocations_before);
   result.parameters = layers::parameter_count(*model_);
+  result.training_flops_per_sample = 6 * model_->multiply_adds(train_set_.sample_shape);
   for (const distributed::Bucket& b : reducer_->buckets())
     result.bucket_bytes.push_back(b.numel * static_cast<int64_t>(sizeof(float)));
   double backward[2] = {timed.backward, timed.forward + timed.backward};

@@ -71,6 +71,15 @@ void CpuBackend::conv2d_backward(const float* gy, const float* x, const float* w
 void CpuBackend::maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& g) {
   cpu::maxpool2d(x, y, argmax, g);
 }
+void CpuBackend::conv2d_relu_maxpool(const float* x, const float* w, const float* bias, float* y,
+                                     int32_t* argmax, const ConvPoolGeometry& g) {
+  cpu::conv2d_relu_maxpool(x, w, bias, y, argmax, g);
+}
+void CpuBackend::conv2d_relu_maxpool_backward(const float* gy, const int32_t* argmax, const float* y,
+                                              const float* x, const float* w, float* gx, float* gw,
+                                              float* gbias, const ConvPoolGeometry& g) {
+  cpu::conv2d_relu_maxpool_backward(gy, argmax, y, x, w, gx, gw, gbias, g);
+}
 void CpuBackend::maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx,
                                     const Pool2dGeometry& g) {
   cpu::maxpool2d_backward(gy, argmax, gx, g);

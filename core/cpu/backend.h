@@ -38,6 +38,11 @@ class CpuBackend final : public HostMemory {
   void maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& g) override;
   void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx,
                           const Pool2dGeometry& g) override;
+  void conv2d_relu_maxpool(const float* x, const float* w, const float* bias, float* y, int32_t* argmax,
+                           const ConvPoolGeometry& g) override;
+  void conv2d_relu_maxpool_backward(const float* gy, const int32_t* argmax, const float* y, const float* x,
+                                    const float* w, float* gx, float* gw, float* gbias,
+                                    const ConvPoolGeometry& g) override;
   void batchnorm_sums(const float* x, double* sums, BatchNormShape s) override;
   void batchnorm_squares(const float* x, const double* sums, double* squares, BatchNormShape s) override;
   void batchnorm_batch_stats(const double* sums, const double* squares, float* stats, float* running_mean,

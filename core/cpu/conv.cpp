@@ -2,12 +2,15 @@
 // [C*KH*KW, chunk*OH*OW] is sized to stay in L2, so the GEMM streams from cache rather than DRAM; a
 // whole-batch column matrix (18 MB for the MNIST CNN's second layer) cost more than the GEMM it
 // fed. Backward recomputes each chunk's columns instead of keeping them, for the same reason.
+// conv2d -> ReLU -> max pooling pools each chunk's product while it is in cache, so the conv output
+// never goes to memory; its backward rebuilds the chunk's output gradient from the pooled output
+// and the winners' positions.
 #include <algorithm>
 #include <cstring>
-#include <memory>
 
 #include "core/cpu/eigen.h"
 #include "core/cpu/kernels.h"
+#include "core/error.h"
 #include "core/storage.h"
 
 namespace dptrain::cpu {
@@ -16,10 +19,13 @@ namespace {
 // K = patch(): rows of the column matrix; P = pixels(): outputs per sample and channel.
 using ConvGeometry = Conv2dGeometry;
 
-// Columns per chunk: about 1 MiB of floats (this machine's L2 per core), at least one sample.
-int64_t chunk_samples(const ConvGeometry& g) {
+// Samples per chunk: the chunk's scratch (columns, product or output gradient, and in backward the
+// columns' gradient when the input's is wanted) in about 1 MiB of floats, this machine's L2 per core;
+// at least one sample.
+int64_t chunk_samples(const ConvGeometry& g, bool input_gradient) {
   constexpr int64_t kTargetFloats = 256 * 1024;
-  return std::clamp<int64_t>(kTargetFloats / (g.patch() * g.pixels()), 1, g.batch);
+  const int64_t per_sample = (g.patch() * (input_gradient ? 2 : 1) + g.out_channels) * g.pixels();
+  return std::clamp<int64_t>(kTargetFloats / per_sample, 1, g.batch);
 }
 
 // Output columns ow whose input column ow*s - p + kw lies inside [0, width): [begin, end).
@@ -101,22 +107,48 @@ void col2im_add(const ConvGeometry& g, const float* gcols, int64_t first, int64_
   for (int64_t c = 0; c < g.channels; ++c) col2im_channel(g, gcols, first, count, c, gx);
 }
 
+// Backward's GEMMs for samples [first, first + count), given their output gradient gy as [O, count*P].
+void chunk_backward(const ConvGeometry& g, const float* gy, const float* x, const float* w, float* gx,
+                    float* gw, float* gbias, int64_t first, int64_t count, float* cols, float* gcols) {
+  const int64_t K = g.patch(), O = g.out_channels, n = count * g.pixels();
+  auto gy_mat = mat(gy, O, n);
+  if (gbias) Eigen::Map<Eigen::VectorXf>(gbias, O) += gy_mat.rowwise().sum();
+  if (gw) {
+    im2col(g, x, first, count, cols);
+    mat(gw, O, K).noalias() += gy_mat * mat(static_cast<const float*>(cols), K, n).transpose();
+  }
+  if (gx) {
+    mat(gcols, K, n).noalias() = mat(w, O, K).transpose() * gy_mat;
+    col2im_add(g, gcols, first, count, gx);
+  }
+}
+
+// Scratch of one chunk: its columns, its [O, chunk*P] product or output gradient, and the columns'
+// gradient when the input's is wanted.
+struct ChunkBuffers {
+  ChunkBuffers(const ConvGeometry& g, int64_t chunk, bool input_gradient)
+      : cols(sizeof(float) * g.patch() * chunk * g.pixels()),
+        outputs(sizeof(float) * g.out_channels * chunk * g.pixels()),
+        gcols(input_gradient ? sizeof(float) * g.patch() * chunk * g.pixels() : 0) {}
+  Storage cols, outputs, gcols;
+};
+
 }  // namespace
 
 void conv2d(const float* x, const float* w, const float* bias, float* y, const Conv2dGeometry& g) {
-  const int64_t K = g.patch(), P = g.pixels(), O = g.out_channels, chunk = chunk_samples(g);
-  Storage cols(sizeof(float) * K * chunk * P), product(sizeof(float) * O * chunk * P);
+  const int64_t K = g.patch(), P = g.pixels(), O = g.out_channels, chunk = chunk_samples(g, false);
+  ChunkBuffers buffers(g, chunk, false);
   for (int64_t first = 0; first < g.batch; first += chunk) {
     const int64_t count = std::min(chunk, g.batch - first), n = count * P;
-    im2col(g, x, first, count, cols.as<float>());
-    mat(product.as<float>(), O, n).noalias() = mat(w, O, K) * mat(cols.as<float>(), K, n);
+    im2col(g, x, first, count, buffers.cols.as<float>());
+    mat(buffers.outputs.as<float>(), O, n).noalias() = mat(w, O, K) * mat(buffers.cols.as<float>(), K, n);
     // [O, count*P] -> [count, O, P] with the bias added on the way.
-    const float* product_data = product.as<float>();
+    const float* product = buffers.outputs.as<float>();
     float* dst = y + first * O * P;
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < count; ++b)
       for (int64_t o = 0; o < O; ++o) {
-        const float* src = product_data + o * n + b * P;
+        const float* src = product + o * n + b * P;
         float* to = dst + (b * O + o) * P;
         const float add = bias ? bias[o] : 0.0f;
         if (g.fuse_relu) {
@@ -130,14 +162,12 @@ void conv2d(const float* x, const float* w, const float* bias, float* y, const C
 
 void conv2d_backward(const float* go, const float* x, const float* w, const float* y, float* gx, float* gw,
                      float* gbias, const Conv2dGeometry& g) {
-  const int64_t K = g.patch(), P = g.pixels(), O = g.out_channels, chunk = chunk_samples(g);
-  Storage cols(sizeof(float) * K * chunk * P), gy_storage(sizeof(float) * O * chunk * P);
-  std::unique_ptr<Storage> gcols;
-  if (gx) gcols = std::make_unique<Storage>(sizeof(float) * K * chunk * P);
+  const int64_t P = g.pixels(), O = g.out_channels, chunk = chunk_samples(g, gx != nullptr);
+  ChunkBuffers buffers(g, chunk, gx != nullptr);
   for (int64_t first = 0; first < g.batch; first += chunk) {
     const int64_t count = std::min(chunk, g.batch - first), n = count * P;
     // [count, O, P] -> [O, count*P], the layout the GEMMs want (through ReLU's mask if fused).
-    float* gy = gy_storage.as<float>();
+    float* gy = buffers.outputs.as<float>();
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < count; ++b)
       for (int64_t o = 0; o < O; ++o) {
@@ -149,16 +179,59 @@ void conv2d_backward(const float* go, const float* x, const float* w, const floa
           std::memcpy(to, go + at, sizeof(float) * P);
         }
       }
-    auto gy_mat = mat(static_cast<const float*>(gy), O, n);
-    if (gbias) Eigen::Map<Eigen::VectorXf>(gbias, O) += gy_mat.rowwise().sum();
-    if (gw) {
-      im2col(g, x, first, count, cols.as<float>());
-      mat(gw, O, K).noalias() += gy_mat * mat(static_cast<const float*>(cols.as<float>()), K, n).transpose();
-    }
-    if (gx) {
-      mat(gcols->as<float>(), K, n).noalias() = mat(w, O, K).transpose() * gy_mat;
-      col2im_add(g, gcols->as<float>(), first, count, gx);
-    }
+    chunk_backward(g, gy, x, w, gx, gw, gbias, first, count, buffers.cols.as<float>(),
+                   buffers.gcols.as<float>());
+  }
+}
+
+void conv2d_relu_maxpool(const float* x, const float* w, const float* bias, float* y, int32_t* argmax,
+                         const ConvPoolGeometry& geometry) {
+  const Conv2dGeometry& g = geometry.conv;
+  const int64_t K = g.patch(), P = g.pixels(), O = g.out_channels, chunk = chunk_samples(g, false);
+  const int64_t pooled = geometry.pool.out_h * geometry.pool.out_w;
+  DPTRAIN_CHECK(g.fuse_relu, "conv2d_relu_maxpool: the geometry must have fuse_relu set");
+  ChunkBuffers buffers(g, chunk, false);
+  for (int64_t first = 0; first < g.batch; first += chunk) {
+    const int64_t count = std::min(chunk, g.batch - first), n = count * P;
+    im2col(g, x, first, count, buffers.cols.as<float>());
+    mat(buffers.outputs.as<float>(), O, n).noalias() = mat(w, O, K) * mat(buffers.cols.as<float>(), K, n);
+    float* product = buffers.outputs.as<float>();
+    // Bias and ReLU in place (the same arithmetic as conv2d's), then the plane's pooling.
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < count; ++b)
+      for (int64_t o = 0; o < O; ++o) {
+        float* plane = product + o * n + b * P;
+        const float add = bias ? bias[o] : 0.0f;
+        for (int64_t p = 0; p < P; ++p) plane[p] = std::max(plane[p] + add, 0.0f);
+        const int64_t at = ((first + b) * O + o) * pooled;
+        maxpool2d_plane(plane, y + at, argmax ? argmax + at : nullptr, geometry.pool);
+      }
+  }
+}
+
+void conv2d_relu_maxpool_backward(const float* gy, const int32_t* argmax, const float* y, const float* x,
+                                  const float* w, float* gx, float* gw, float* gbias,
+                                  const ConvPoolGeometry& geometry) {
+  const Conv2dGeometry& g = geometry.conv;
+  const int64_t P = g.pixels(), O = g.out_channels, chunk = chunk_samples(g, gx != nullptr);
+  const int64_t pooled = geometry.pool.out_h * geometry.pool.out_w;
+  ChunkBuffers buffers(g, chunk, gx != nullptr);
+  for (int64_t first = 0; first < g.batch; first += chunk) {
+    const int64_t count = std::min(chunk, g.batch - first), n = count * P;
+    // The conv output's gradient, [O, count*P]: each window's gradient goes to its winner where the
+    // pooled value (the winner's ReLU output) is positive, in maxpool2d_backward's order.
+    float* gconv = buffers.outputs.as<float>();
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < count; ++b)
+      for (int64_t o = 0; o < O; ++o) {
+        float* plane = gconv + o * n + b * P;
+        std::fill_n(plane, P, 0.0f);
+        const int64_t at = ((first + b) * O + o) * pooled;
+        for (int64_t j = 0; j < pooled; ++j)
+          if (y[at + j] > 0.0f) plane[argmax[at + j]] += gy[at + j];
+      }
+    chunk_backward(g, gconv, x, w, gx, gw, gbias, first, count, buffers.cols.as<float>(),
+                   buffers.gcols.as<float>());
   }
 }
 

@@ -106,18 +106,17 @@ void activation_backward(Activation f, const float* x, const float* y, const flo
   }
 }
 
-void maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& g) {
+void maxpool2d_plane(const float* plane, float* y, int32_t* argmax, const Pool2dGeometry& g) {
+  if (g.padding > 0) return pool_plane_padded(plane, y, argmax, g);
   const auto pool = g.kernel == 2 ? pool_plane<2> : g.kernel == 3 ? pool_plane<3> : pool_plane<0>;
+  pool(plane, y, argmax, g.height, g.width, g.kernel, g.stride);
+}
+
+void maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& g) {
   const int64_t in_plane = g.height * g.width, out_plane = g.out_h * g.out_w;
 #pragma omp parallel for schedule(static) if (g.planes * in_plane > 65536)
-  for (int64_t p = 0; p < g.planes; ++p) {
-    int32_t* win = argmax ? argmax + p * out_plane : nullptr;
-    if (g.padding > 0) {
-      pool_plane_padded(x + p * in_plane, y + p * out_plane, win, g);
-    } else {
-      pool(x + p * in_plane, y + p * out_plane, win, g.height, g.width, g.kernel, g.stride);
-    }
-  }
+  for (int64_t p = 0; p < g.planes; ++p)
+    maxpool2d_plane(x + p * in_plane, y + p * out_plane, argmax ? argmax + p * out_plane : nullptr, g);
 }
 
 void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx, const Pool2dGeometry& g) {

@@ -21,6 +21,14 @@ void conv2d(const float* x, const float* w, const float* bias, float* y, const C
 void conv2d_backward(const float* gy, const float* x, const float* w, const float* y, float* gx, float* gw,
                      float* gbias, const Conv2dGeometry& g);
 void maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& g);
+// One plane of maxpool2d (g.planes is not read), on the calling thread: for kernels that pool inside
+// their own parallel loops.
+void maxpool2d_plane(const float* plane, float* y, int32_t* argmax, const Pool2dGeometry& g);
+void conv2d_relu_maxpool(const float* x, const float* w, const float* bias, float* y, int32_t* argmax,
+                         const ConvPoolGeometry& g);
+void conv2d_relu_maxpool_backward(const float* gy, const int32_t* argmax, const float* y, const float* x,
+                                  const float* w, float* gx, float* gw, float* gbias,
+                                  const ConvPoolGeometry& g);
 void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx, const Pool2dGeometry& g);
 
 void batchnorm_sums(const float* x, double* sums, BatchNormShape s);

@@ -137,7 +137,8 @@ struct Outcome {
   std::vector<std::vector<float>> gradients_once, gradients_twice;  // per differentiable input
 };
 
-Outcome run_case(const Case& c, Device device) {
+// `poison`, when given, edits the upstream gradient (on the host) before backward.
+Outcome run_case(const Case& c, Device device, const std::function<void(std::vector<float>&)>& poison = {}) {
   autograd::clear_tape();
   std::vector<Tensor> inputs;
   for (std::size_t k = 0; k < c.inputs.size(); ++k) {
@@ -151,8 +152,9 @@ Outcome run_case(const Case& c, Device device) {
   for (int pass = 0; pass < 2; ++pass) {
     const Tensor y = c.run(inputs);
     if (pass == 0) out.output = y.to_vector();
-    const Tensor upstream =
-        Tensor::from_data(y.shape(), host_values({y.shape(), Fill::kUniform, false}, 7)).to(device);
+    std::vector<float> upstream_values = host_values({y.shape(), Fill::kUniform, false}, 7);
+    if (poison) poison(upstream_values);
+    const Tensor upstream = Tensor::from_data(y.shape(), upstream_values).to(device);
     autograd::backward(y, upstream);
     for (const Tensor& t : inputs)
       if (t.requires_grad()) {
@@ -199,6 +201,40 @@ Input constant(Shape shape, Fill fill = Fill::kUniform) {
 }
 
 constexpr double kGemm = 1e-5, kPointwise = 1e-6, kExact = 0;
+
+// A fused conv2d -> ReLU -> max pooling, and the same as the three ops.
+struct ConvPool {
+  Shape x, w;
+  int stride, padding;
+  ops::MaxPool2dOptions pool;
+  bool bias;
+
+  std::string describe() const {
+    return "x " + shape_str(x) + ", w " + shape_str(w) + ", stride " + std::to_string(stride) + ", pad " +
+           std::to_string(padding) + (bias ? ", bias" : ", no bias") + "; pool " +
+           std::to_string(pool.kernel) + ", stride " + std::to_string(pool.stride) + ", pad " +
+           std::to_string(pool.padding);
+  }
+  std::vector<Input> inputs() const {
+    std::vector<Input> out = {{x, Fill::kUniform, true}, {w, Fill::kUniform, true}};
+    if (bias) out.push_back({{w[0]}, Fill::kUniform, true});
+    return out;
+  }
+  Tensor fused(const std::vector<Tensor>& t) const {
+    return ops::conv2d_relu_maxpool(t[0], t[1], bias ? t[2] : Tensor(), {stride, padding, true}, pool);
+  }
+  Tensor parts(const std::vector<Tensor>& t) const {
+    return ops::maxpool2d(ops::conv2d(t[0], t[1], bias ? t[2] : Tensor(), {stride, padding, true}),
+                          pool.kernel, pool.stride, pool.padding);
+  }
+};
+std::vector<ConvPool> conv_pool_cases() {
+  return {{{4, 1, 28, 28}, {32, 1, 3, 3}, 1, 0, {2, 2, 0}, true},
+          {{4, 32, 13, 13}, {64, 32, 3, 3}, 1, 0, {2, 2, 0}, true},
+          {{12, 8, 20, 20}, {6, 8, 3, 3}, 1, 0, {2, 2, 0}, true},
+          {{2, 3, 13, 12}, {4, 3, 3, 3}, 1, 1, {3, 2, 1}, false},
+          {{3, 2, 11, 11}, {5, 2, 3, 3}, 2, 1, {2, 1, 0}, true}};
+}
 // Over 2.2M elements, for the pointwise kernels' multi-threaded and multi-block paths.
 const Shape kLarge = {2, 1100, 1024};
 
@@ -268,6 +304,11 @@ std::vector<Case> cases() {
                    },
                    kGemm});
   }
+  // conv2d -> ReLU -> maxpool2d fused: the MNIST CNN's two layers, a batch that spans several of the
+  // CPU kernel's chunks, overlapping and padded pooling windows, a strided padded convolution
+  for (const ConvPool& v : conv_pool_cases())
+    out.push_back({"conv2d_relu_maxpool", v.describe(), v.inputs(),
+                   [v](const std::vector<Tensor>& t) { return v.fused(t); }, kGemm});
   // maxpool2d: windows that tile, overlap (stride < kernel) and leave a remainder; ties
   for (const auto& [shape, kernel, stride] : std::vector<std::tuple<Shape, int, int>>{
            {{1, 1, 13, 13}, 2, 2}, {{2, 3, 7, 13}, 3, 2}, {{2, 2, 9, 9}, 2, 1}, {{4, 32, 26, 26}, 2, 2}}) {
@@ -388,6 +429,39 @@ INSTANTIATE_TEST_SUITE_P(Table, Ops, ::testing::ValuesIn(cases()), [](const auto
   std::string name = std::to_string(info.index) + "_" + info.param.op;
   return name;
 });
+
+// The fused op is the three ops it replaces, bit for bit, on the host backends (the reference's is
+// the default composition, the CPU's its own chunked kernel): outputs and each input's gradient,
+// also with Inf in the upstream gradient (dropped where ReLU's mask is 0, as the separate kernels
+// drop it). On a GPU cuDNN may pick algorithms that add in a varying order: there, within kGemm.
+TEST(Fused, ConvReluMaxpoolIsItsPartsBitwise) {
+  std::vector<Device> devices = devices_under_test();
+  devices.push_back(Device::reference());
+  const auto infinities = [](std::vector<float>& upstream) {
+    for (std::size_t i = 0; i < upstream.size(); i += 7) upstream[i] = i % 2 ? INFINITY : -INFINITY;
+  };
+  for (const Device device : devices)
+    for (const ConvPool& v : conv_pool_cases())
+      for (const bool poisoned : {false, true}) {
+        const bool gpu = device.type == DeviceType::kCuda;
+        if (gpu && poisoned) continue;  // non-finite sums in a varying order: NaN or Inf
+        const auto poison = poisoned ? std::function<void(std::vector<float>&)>(infinities) : nullptr;
+        const Outcome fused =
+            run_case({"fused", v.describe(), v.inputs(), [v](const auto& t) { return v.fused(t); }, 0},
+                     device, poison);
+        const Outcome parts =
+            run_case({"parts", v.describe(), v.inputs(), [v](const auto& t) { return v.parts(t); }, 0},
+                     device, poison);
+        const double tolerance = gpu ? kGemm : kExact;
+        const std::string what = device.str() + " " + v.describe() + (poisoned ? ", Inf upstream" : "");
+        EXPECT_TRUE(within(fused.output, parts.output, tolerance)) << what << ": output";
+        ASSERT_EQ(fused.gradients_twice.size(), parts.gradients_twice.size());
+        for (std::size_t k = 0; k < fused.gradients_twice.size(); ++k)
+          EXPECT_TRUE(within(fused.gradients_twice[k], parts.gradients_twice[k], tolerance))
+              << what << ": gradient of input " << k << " differs by "
+              << error_of(fused.gradients_twice[k], parts.gradients_twice[k]);
+      }
+}
 
 // ---- casts and the finiteness check: bitwise ----
 

@@ -83,6 +83,25 @@ TEST(BuildSequential, MnistCnnForwardShapes) {
   for (int c = 0; c < 10; ++c) EXPECT_EQ(y.data()[c], y.data()[10 + c]);
 }
 
+TEST(BuildSequential, MnistCnnFusesConvReluPoolAndCountsItsArithmetic) {
+  const auto model = build_mnist(42);
+  const std::string description = model->describe();
+  const std::string fused_pool = "MaxPool2D(2, stride 2) (fused into the convolution before)";
+  std::size_t fused_pools = 0;
+  for (std::size_t at = description.find(fused_pool); at != std::string::npos;
+       at = description.find(fused_pool, at + 1))
+    ++fused_pools;
+  EXPECT_EQ(fused_pools, 2u) << description;
+  // 26*26*32*9 + 11*11*64*288 + 1600*64 + 64*10 multiply-adds per sample.
+  EXPECT_EQ(model->multiply_adds({1, 28, 28}), 2528000);
+
+  // A pooling straight after a convolution (no ReLU between) is not fused.
+  const Json layers = Json::parse(R"([{"type": "conv2d", "out_channels": 4, "kernel": 3},
+                                      {"type": "maxpool2d", "kernel": 2}, {"type": "relu"}])");
+  const auto unfused = build_sequential(layers, {1, 8, 8}, 1);
+  EXPECT_EQ(unfused->describe().find("fused"), std::string::npos) << unfused->describe();
+}
+
 // PyTorch's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases alike.
 TEST(BuildSequential, DefaultInitBoundsAndStatistics) {
   const auto model = build_mnist(42);

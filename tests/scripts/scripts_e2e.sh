@@ -13,6 +13,8 @@
 #                   namespaces over TCP, and the model's prediction for them
 #   synthetic_benchmark  bench/synthetic_benchmark (Horovod's synthetic benchmark) on 1 and 2 ranks
 #                   with a small resnet20: Horovod's output lines and the RESULT line
+#   machine_probe   bench/machine_probe: memcpy and GEMM figures, a load that stops at SIGTERM and
+#                   reports what it streamed; train_bench's FLOPs per sample for the MNIST CNN
 source "$(dirname "$0")/../e2e_common.sh"
 need_mnist
 BUILD=$(dirname "$TRAINER")  # the trainer sits at the top of the build directory
@@ -87,6 +89,28 @@ JSON
       grep -q "^Total img/sec on $np CPU(s): [0-9.]* +-[0-9.]*$" np$np.out || fail "no 'Total img/sec' line"
       grep -q "^RESULT {.*\"ranks\":$np" np$np.out || fail "no RESULT line for $np rank(s)"
     done
+    ;;
+  machine_probe)
+    probe=$BUILD/bench/machine_probe
+    "$probe" memcpy >memcpy.out || fail "machine_probe memcpy failed"
+    sed 's/^/  /' memcpy.out
+    [ "$(grep -c '^memcpy [0-9]*[KM]iB *[0-9.]* GB/s$' memcpy.out)" -eq 5 ] || fail "expected 5 memcpy sizes"
+    grep -q '^RESULT {"memcpy_gb_per_s":{"4KiB":[0-9.]*,.*"64MiB":[0-9.]*}}$' memcpy.out || fail "no memcpy RESULT line"
+    "$probe" gemm --size 128 >gemm.out || fail "machine_probe gemm failed"
+    sed 's/^/  /' gemm.out
+    grep -q '^RESULT {"gemm_size":128,"gemm_gflop_per_s":[0-9.]*}$' gemm.out || fail "no GEMM RESULT line"
+    "$probe" load --mib 8 >load.out &
+    load=$!
+    for _ in $(seq 600); do grep -q '^load: streaming' load.out && break; sleep 0.05; done
+    grep -q '^load: streaming 8 MiB buffers$' load.out || fail "machine_probe load never said it was streaming"
+    kill -TERM $load
+    wait $load || fail "machine_probe load did not exit 0 at SIGTERM"
+    sed 's/^/  /' load.out
+    grep -q '^load: [1-9][0-9]* copies of 8 MiB in .* GB/s$' load.out || fail "no load summary line"
+    # The CNN: 2 x 3 x (26*26*32*9 + 11*11*64*288 + 1600*64 + 64*10) = 15.17 MFLOP per sample.
+    (cd "$SRC" && "$BUILD/bench/train_bench" --config configs/mnist.json --warmup 1 --steps 2 --reps 1) >bench.out ||
+      fail "train_bench failed"
+    grep -q '"training_flops_per_sample":15168000[,}]' bench.out || fail "the CNN's FLOPs per sample are not 15168000"
     ;;
   *)
     fail "unknown case '$CASE'"
