@@ -7,6 +7,7 @@
 #include "core/cpu/backend.h"
 #include "core/error.h"
 #include "core/reference/backend.h"
+#include "core/storage.h"
 
 namespace dptrain {
 namespace {
@@ -50,32 +51,12 @@ std::string Device::str() const {
   return "?";
 }
 
-namespace {
-// Device memory for the duration of a default fused op.
-class Temporary {
- public:
-  Temporary(Backend& backend, int64_t floats)
-      : backend_(backend),
-        bytes_(sizeof(float) * floats),
-        data_(static_cast<float*>(backend.allocate(bytes_))) {}
-  ~Temporary() { backend_.release(data_, bytes_); }
-  Temporary(const Temporary&) = delete;
-  Temporary& operator=(const Temporary&) = delete;
-  float* data() const { return data_; }
-
- private:
-  Backend& backend_;
-  std::size_t bytes_;
-  float* data_;
-};
-}  // namespace
-
 void Backend::conv2d_relu_maxpool(const float* x, const float* w, const float* bias, float* y,
                                   int32_t* argmax, const ConvPoolGeometry& g) {
   DPTRAIN_CHECK(g.conv.fuse_relu, "conv2d_relu_maxpool: the geometry must have fuse_relu set");
-  Temporary conv_out(*this, g.conv.batch * g.conv.out_channels * g.conv.pixels());
-  conv2d(x, w, bias, conv_out.data(), g.conv);
-  maxpool2d(conv_out.data(), y, argmax, g.pool);
+  Storage conv_out(sizeof(float) * g.conv.batch * g.conv.out_channels * g.conv.pixels(), device());
+  conv2d(x, w, bias, conv_out.as<float>(), g.conv);
+  maxpool2d(conv_out.as<float>(), y, argmax, g.pool);
 }
 
 void Backend::conv2d_relu_maxpool_backward(const float* gy, const int32_t* argmax, const float* y,
@@ -86,12 +67,12 @@ void Backend::conv2d_relu_maxpool_backward(const float* gy, const int32_t* argma
   // like the gradient gives a tensor that is > 0 exactly there (a sum of copies of one value >= 0),
   // so conv2d_backward's own select runs on the same gradient: the same bits, Inf and NaN included.
   const int64_t conv_elements = g.conv.batch * g.conv.out_channels * g.conv.pixels();
-  Temporary gconv(*this, conv_elements), mask(*this, conv_elements);
-  fill(gconv.data(), conv_elements, 0.0f);
-  maxpool2d_backward(gy, argmax, gconv.data(), g.pool);
-  fill(mask.data(), conv_elements, 0.0f);
-  maxpool2d_backward(y, argmax, mask.data(), g.pool);
-  conv2d_backward(gconv.data(), x, w, mask.data(), gx, gw, gbias, g.conv);
+  Storage gconv(sizeof(float) * conv_elements, device()), mask(sizeof(float) * conv_elements, device());
+  fill(gconv.as<float>(), conv_elements, 0.0f);
+  maxpool2d_backward(gy, argmax, gconv.as<float>(), g.pool);
+  fill(mask.as<float>(), conv_elements, 0.0f);
+  maxpool2d_backward(y, argmax, mask.as<float>(), g.pool);
+  conv2d_backward(gconv.as<float>(), x, w, mask.as<float>(), gx, gw, gbias, g.conv);
 }
 
 Backend& backend_for(Device device) {

@@ -133,17 +133,43 @@ struct ChunkBuffers {
   Storage cols, outputs, gcols;
 };
 
+// Backward over the batch in chunks: write_output_gradient(sample, channel, plane) fills one plane
+// of the chunk's conv output gradient ([O, count*P] layout), then the chunk's GEMMs run.
+template <typename WriteOutputGradient>
+void backward_by_chunks(const ConvGeometry& g, const float* x, const float* w, float* gx, float* gw,
+                        float* gbias, WriteOutputGradient write_output_gradient) {
+  const int64_t P = g.pixels(), O = g.out_channels, chunk = chunk_samples(g, gx != nullptr);
+  ChunkBuffers buffers(g, chunk, gx != nullptr);
+  for (int64_t first = 0; first < g.batch; first += chunk) {
+    const int64_t count = std::min(chunk, g.batch - first), n = count * P;
+    float* gy = buffers.outputs.as<float>();
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < count; ++b)
+      for (int64_t o = 0; o < O; ++o) write_output_gradient(first + b, o, gy + o * n + b * P);
+    chunk_backward(g, gy, x, w, gx, gw, gbias, first, count, buffers.cols.as<float>(),
+                   buffers.gcols.as<float>());
+  }
+}
+
+// The chunk's product W x columns, [O, count*P], in buffers.outputs.
+float* chunk_product(const ConvGeometry& g, const float* x, const float* w, int64_t first, int64_t count,
+                     ChunkBuffers& buffers) {
+  const int64_t K = g.patch(), n = count * g.pixels();
+  im2col(g, x, first, count, buffers.cols.as<float>());
+  mat(buffers.outputs.as<float>(), g.out_channels, n).noalias() =
+      mat(w, g.out_channels, K) * mat(buffers.cols.as<float>(), K, n);
+  return buffers.outputs.as<float>();
+}
+
 }  // namespace
 
 void conv2d(const float* x, const float* w, const float* bias, float* y, const Conv2dGeometry& g) {
-  const int64_t K = g.patch(), P = g.pixels(), O = g.out_channels, chunk = chunk_samples(g, false);
+  const int64_t P = g.pixels(), O = g.out_channels, chunk = chunk_samples(g, false);
   ChunkBuffers buffers(g, chunk, false);
   for (int64_t first = 0; first < g.batch; first += chunk) {
     const int64_t count = std::min(chunk, g.batch - first), n = count * P;
-    im2col(g, x, first, count, buffers.cols.as<float>());
-    mat(buffers.outputs.as<float>(), O, n).noalias() = mat(w, O, K) * mat(buffers.cols.as<float>(), K, n);
     // [O, count*P] -> [count, O, P] with the bias added on the way.
-    const float* product = buffers.outputs.as<float>();
+    const float* product = chunk_product(g, x, w, first, count, buffers);
     float* dst = y + first * O * P;
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < count; ++b)
@@ -162,40 +188,28 @@ void conv2d(const float* x, const float* w, const float* bias, float* y, const C
 
 void conv2d_backward(const float* go, const float* x, const float* w, const float* y, float* gx, float* gw,
                      float* gbias, const Conv2dGeometry& g) {
-  const int64_t P = g.pixels(), O = g.out_channels, chunk = chunk_samples(g, gx != nullptr);
-  ChunkBuffers buffers(g, chunk, gx != nullptr);
-  for (int64_t first = 0; first < g.batch; first += chunk) {
-    const int64_t count = std::min(chunk, g.batch - first), n = count * P;
-    // [count, O, P] -> [O, count*P], the layout the GEMMs want (through ReLU's mask if fused).
-    float* gy = buffers.outputs.as<float>();
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < count; ++b)
-      for (int64_t o = 0; o < O; ++o) {
-        const int64_t at = ((first + b) * O + o) * P;
-        float* to = gy + o * n + b * P;
-        if (g.fuse_relu) {
-          for (int64_t p = 0; p < P; ++p) to[p] = y[at + p] > 0.0f ? go[at + p] : 0.0f;
-        } else {
-          std::memcpy(to, go + at, sizeof(float) * P);
-        }
-      }
-    chunk_backward(g, gy, x, w, gx, gw, gbias, first, count, buffers.cols.as<float>(),
-                   buffers.gcols.as<float>());
-  }
+  const int64_t P = g.pixels(), O = g.out_channels;
+  // [batch, O, P] -> the chunk's [O, count*P], the layout the GEMMs want (through ReLU's mask if fused).
+  backward_by_chunks(g, x, w, gx, gw, gbias, [&](int64_t sample, int64_t o, float* to) {
+    const int64_t at = (sample * O + o) * P;
+    if (g.fuse_relu) {
+      for (int64_t p = 0; p < P; ++p) to[p] = y[at + p] > 0.0f ? go[at + p] : 0.0f;
+    } else {
+      std::memcpy(to, go + at, sizeof(float) * P);
+    }
+  });
 }
 
 void conv2d_relu_maxpool(const float* x, const float* w, const float* bias, float* y, int32_t* argmax,
                          const ConvPoolGeometry& geometry) {
   const Conv2dGeometry& g = geometry.conv;
-  const int64_t K = g.patch(), P = g.pixels(), O = g.out_channels, chunk = chunk_samples(g, false);
+  const int64_t P = g.pixels(), O = g.out_channels, chunk = chunk_samples(g, false);
   const int64_t pooled = geometry.pool.out_h * geometry.pool.out_w;
   DPTRAIN_CHECK(g.fuse_relu, "conv2d_relu_maxpool: the geometry must have fuse_relu set");
   ChunkBuffers buffers(g, chunk, false);
   for (int64_t first = 0; first < g.batch; first += chunk) {
     const int64_t count = std::min(chunk, g.batch - first), n = count * P;
-    im2col(g, x, first, count, buffers.cols.as<float>());
-    mat(buffers.outputs.as<float>(), O, n).noalias() = mat(w, O, K) * mat(buffers.cols.as<float>(), K, n);
-    float* product = buffers.outputs.as<float>();
+    float* product = chunk_product(g, x, w, first, count, buffers);
     // Bias and ReLU in place (the same arithmetic as conv2d's), then the plane's pooling.
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < count; ++b)
@@ -212,27 +226,16 @@ void conv2d_relu_maxpool(const float* x, const float* w, const float* bias, floa
 void conv2d_relu_maxpool_backward(const float* gy, const int32_t* argmax, const float* y, const float* x,
                                   const float* w, float* gx, float* gw, float* gbias,
                                   const ConvPoolGeometry& geometry) {
-  const Conv2dGeometry& g = geometry.conv;
-  const int64_t P = g.pixels(), O = g.out_channels, chunk = chunk_samples(g, gx != nullptr);
+  const int64_t P = geometry.conv.pixels(), O = geometry.conv.out_channels;
   const int64_t pooled = geometry.pool.out_h * geometry.pool.out_w;
-  ChunkBuffers buffers(g, chunk, gx != nullptr);
-  for (int64_t first = 0; first < g.batch; first += chunk) {
-    const int64_t count = std::min(chunk, g.batch - first), n = count * P;
-    // The conv output's gradient, [O, count*P]: each window's gradient goes to its winner where the
-    // pooled value (the winner's ReLU output) is positive, in maxpool2d_backward's order.
-    float* gconv = buffers.outputs.as<float>();
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < count; ++b)
-      for (int64_t o = 0; o < O; ++o) {
-        float* plane = gconv + o * n + b * P;
-        std::fill_n(plane, P, 0.0f);
-        const int64_t at = ((first + b) * O + o) * pooled;
-        for (int64_t j = 0; j < pooled; ++j)
-          if (y[at + j] > 0.0f) plane[argmax[at + j]] += gy[at + j];
-      }
-    chunk_backward(g, gconv, x, w, gx, gw, gbias, first, count, buffers.cols.as<float>(),
-                   buffers.gcols.as<float>());
-  }
+  // Each window's gradient goes to its winner where the pooled value (the winner's ReLU output) is
+  // positive, in maxpool2d_backward's order.
+  backward_by_chunks(geometry.conv, x, w, gx, gw, gbias, [&](int64_t sample, int64_t o, float* plane) {
+    std::fill_n(plane, P, 0.0f);
+    const int64_t at = (sample * O + o) * pooled;
+    for (int64_t j = 0; j < pooled; ++j)
+      if (y[at + j] > 0.0f) plane[argmax[at + j]] += gy[at + j];
+  });
 }
 
 }  // namespace dptrain::cpu
