@@ -24,6 +24,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -131,6 +132,10 @@ struct Case {
   std::function<Tensor(const std::vector<Tensor>&)> run;
   double tolerance;
 };
+// gtest names a failing row by this rather than by the struct's bytes.
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.op << " (" << c.shapes << ")";
+}
 
 struct Outcome {
   std::vector<float> output;
