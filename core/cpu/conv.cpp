@@ -4,10 +4,14 @@
 // fed. Backward recomputes each chunk's columns instead of keeping them, for the same reason.
 // conv2d -> ReLU -> max pooling pools each chunk's product while it is in cache, so the conv output
 // never goes to memory; its backward rebuilds the chunk's output gradient from the pooled output
-// and the winners' positions.
+// and the winners' positions. Short patches at stride 1 skip im2col (core/cpu/conv_direct.h); the
+// bias, ReLU and pooling of each plane and its output gradient are the same code on both paths.
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <cstring>
 
+#include "core/cpu/conv_direct.h"
 #include "core/cpu/eigen.h"
 #include "core/cpu/kernels.h"
 #include "core/error.h"
@@ -133,109 +137,121 @@ struct ChunkBuffers {
   Storage cols, outputs, gcols;
 };
 
-// Backward over the batch in chunks: write_output_gradient(sample, channel, plane) fills one plane
-// of the chunk's conv output gradient ([O, count*P] layout), then the chunk's GEMMs run.
+// Pixel p of a plane laid out as it is: at p.
+struct ContiguousPixels {
+  int64_t operator[](int64_t p) const { return p; }
+};
+
+// g where the activation y > 0, else +0: ReLU's gradient by a mask rather than a branch, which
+// mispredicts. Adding the +0 changes no sum (none is -0, as every sum starts from +0).
+float masked_gradient(float g, float y) {
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(g) & -static_cast<uint32_t>(y > 0.0f));
+}
+
+// Backward: write_output_gradient(sample, base, offset_of, channel_stride) writes the conv output
+// gradient of one sample, pixel p of channel o at base[offset_of[p] + o * channel_stride], all zero
+// beforehand. Over the batch in chunks (the chunk's planes in [O, count*P] layout, then its GEMMs)
+// unless the direct kernels take the geometry, in their own layout.
 template <typename WriteOutputGradient>
-void backward_by_chunks(const ConvGeometry& g, const float* x, const float* w, float* gx, float* gw,
-                        float* gbias, WriteOutputGradient write_output_gradient) {
+void backward_with(const ConvGeometry& g, const float* x, const float* w, float* gx, float* gw, float* gbias,
+                   WriteOutputGradient write_output_gradient) {
+  if (direct_conv::applies(g)) return direct_conv::backward(g, x, w, gx, gw, gbias, write_output_gradient);
   const int64_t P = g.pixels(), O = g.out_channels, chunk = chunk_samples(g, gx != nullptr);
   ChunkBuffers buffers(g, chunk, gx != nullptr);
   for (int64_t first = 0; first < g.batch; first += chunk) {
     const int64_t count = std::min(chunk, g.batch - first), n = count * P;
     float* gy = buffers.outputs.as<float>();
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < count; ++b)
-      for (int64_t o = 0; o < O; ++o) write_output_gradient(first + b, o, gy + o * n + b * P);
+    std::fill_n(gy, O * n, 0.0f);
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < count; ++b) write_output_gradient(first + b, gy + b * P, ContiguousPixels{}, n);
     chunk_backward(g, gy, x, w, gx, gw, gbias, first, count, buffers.cols.as<float>(),
                    buffers.gcols.as<float>());
   }
 }
 
-// The chunk's product W x columns, [O, count*P], in buffers.outputs.
-float* chunk_product(const ConvGeometry& g, const float* x, const float* w, int64_t first, int64_t count,
-                     ChunkBuffers& buffers) {
-  const int64_t K = g.patch(), n = count * g.pixels();
-  im2col(g, x, first, count, buffers.cols.as<float>());
-  mat(buffers.outputs.as<float>(), g.out_channels, n).noalias() =
-      mat(w, g.out_channels, K) * mat(buffers.cols.as<float>(), K, n);
-  return buffers.outputs.as<float>();
+// Forward: visit(sample, channel, plane) gets every plane of the convolution's sums (no bias), which
+// it may overwrite. By the direct kernels, or else per chunk: W x the chunk's columns, [O, count*P].
+template <typename Visit>
+void forward_with(const ConvGeometry& g, const float* x, const float* w, Visit visit) {
+  if (direct_conv::applies(g)) return direct_conv::forward(g, x, w, visit);
+  const int64_t P = g.pixels(), O = g.out_channels, K = g.patch(), chunk = chunk_samples(g, false);
+  ChunkBuffers buffers(g, chunk, false);
+  for (int64_t first = 0; first < g.batch; first += chunk) {
+    const int64_t count = std::min(chunk, g.batch - first), n = count * P;
+    float* product = buffers.outputs.as<float>();
+    im2col(g, x, first, count, buffers.cols.as<float>());
+    mat(product, O, n).noalias() = mat(w, O, K) * mat(buffers.cols.as<float>(), K, n);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < count; ++b)
+      for (int64_t o = 0; o < O; ++o) visit(first + b, o, product + o * n + b * P);
+  }
 }
 
 }  // namespace
 
 void conv2d(const float* x, const float* w, const float* bias, float* y, const Conv2dGeometry& g) {
-  const int64_t P = g.pixels(), O = g.out_channels, chunk = chunk_samples(g, false);
-  ChunkBuffers buffers(g, chunk, false);
-  for (int64_t first = 0; first < g.batch; first += chunk) {
-    const int64_t count = std::min(chunk, g.batch - first), n = count * P;
-    // [O, count*P] -> [count, O, P] with the bias added on the way.
-    const float* product = chunk_product(g, x, w, first, count, buffers);
-    float* dst = y + first * O * P;
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < count; ++b)
-      for (int64_t o = 0; o < O; ++o) {
-        const float* src = product + o * n + b * P;
-        float* to = dst + (b * O + o) * P;
-        const float add = bias ? bias[o] : 0.0f;
-        if (g.fuse_relu) {
-          for (int64_t p = 0; p < P; ++p) to[p] = std::max(src[p] + add, 0.0f);
-        } else {
-          for (int64_t p = 0; p < P; ++p) to[p] = src[p] + add;
-        }
-      }
-  }
+  const int64_t P = g.pixels(), O = g.out_channels;
+  forward_with(g, x, w, [&](int64_t sample, int64_t o, const float* sums) {
+    float* to = y + (sample * O + o) * P;
+    const float add = bias ? bias[o] : 0.0f;
+    if (g.fuse_relu) {
+      for (int64_t p = 0; p < P; ++p) to[p] = std::max(sums[p] + add, 0.0f);
+    } else {
+      for (int64_t p = 0; p < P; ++p) to[p] = sums[p] + add;
+    }
+  });
 }
 
 void conv2d_backward(const float* go, const float* x, const float* w, const float* y, float* gx, float* gw,
                      float* gbias, const Conv2dGeometry& g) {
   const int64_t P = g.pixels(), O = g.out_channels;
   // [batch, O, P] -> the chunk's [O, count*P], the layout the GEMMs want (through ReLU's mask if fused).
-  backward_by_chunks(g, x, w, gx, gw, gbias, [&](int64_t sample, int64_t o, float* to) {
-    const int64_t at = (sample * O + o) * P;
-    if (g.fuse_relu) {
-      for (int64_t p = 0; p < P; ++p) to[p] = y[at + p] > 0.0f ? go[at + p] : 0.0f;
-    } else {
-      std::memcpy(to, go + at, sizeof(float) * P);
-    }
-  });
+  backward_with(g, x, w, gx, gw, gbias,
+                [&](int64_t sample, float* to, auto offset_of, int64_t channel_stride) {
+                  for (int64_t o = 0; o < O; ++o) {
+                    const int64_t at = (sample * O + o) * P;
+                    float* plane = to + o * channel_stride;
+                    if (g.fuse_relu) {
+                      for (int64_t p = 0; p < P; ++p)
+                        plane[offset_of[p]] = masked_gradient(go[at + p], y[at + p]);
+                    } else {
+                      for (int64_t p = 0; p < P; ++p) plane[offset_of[p]] = go[at + p];
+                    }
+                  }
+                });
 }
 
 void conv2d_relu_maxpool(const float* x, const float* w, const float* bias, float* y, int32_t* argmax,
                          const ConvPoolGeometry& geometry) {
   const Conv2dGeometry& g = geometry.conv;
-  const int64_t P = g.pixels(), O = g.out_channels, chunk = chunk_samples(g, false);
+  const int64_t P = g.pixels(), O = g.out_channels;
   const int64_t pooled = geometry.pool.out_h * geometry.pool.out_w;
   DPTRAIN_CHECK(g.fuse_relu, "conv2d_relu_maxpool: the geometry must have fuse_relu set");
-  ChunkBuffers buffers(g, chunk, false);
-  for (int64_t first = 0; first < g.batch; first += chunk) {
-    const int64_t count = std::min(chunk, g.batch - first), n = count * P;
-    float* product = chunk_product(g, x, w, first, count, buffers);
-    // Bias and ReLU in place (the same arithmetic as conv2d's), then the plane's pooling.
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < count; ++b)
-      for (int64_t o = 0; o < O; ++o) {
-        float* plane = product + o * n + b * P;
-        const float add = bias ? bias[o] : 0.0f;
-        for (int64_t p = 0; p < P; ++p) plane[p] = std::max(plane[p] + add, 0.0f);
-        const int64_t at = ((first + b) * O + o) * pooled;
-        maxpool2d_plane(plane, y + at, argmax ? argmax + at : nullptr, geometry.pool);
-      }
-  }
+  // Bias and ReLU in place (the same arithmetic as conv2d's), then the plane's pooling.
+  forward_with(g, x, w, [&](int64_t sample, int64_t o, float* plane) {
+    const float add = bias ? bias[o] : 0.0f;
+    for (int64_t p = 0; p < P; ++p) plane[p] = std::max(plane[p] + add, 0.0f);
+    const int64_t at = (sample * O + o) * pooled;
+    maxpool2d_plane(plane, y + at, argmax ? argmax + at : nullptr, geometry.pool);
+  });
 }
 
 void conv2d_relu_maxpool_backward(const float* gy, const int32_t* argmax, const float* y, const float* x,
                                   const float* w, float* gx, float* gw, float* gbias,
                                   const ConvPoolGeometry& geometry) {
-  const int64_t P = geometry.conv.pixels(), O = geometry.conv.out_channels;
+  const int64_t O = geometry.conv.out_channels;
   const int64_t pooled = geometry.pool.out_h * geometry.pool.out_w;
   // Each window's gradient goes to its winner where the pooled value (the winner's ReLU output) is
   // positive, in maxpool2d_backward's order.
-  backward_by_chunks(geometry.conv, x, w, gx, gw, gbias, [&](int64_t sample, int64_t o, float* plane) {
-    std::fill_n(plane, P, 0.0f);
-    const int64_t at = (sample * O + o) * pooled;
-    for (int64_t j = 0; j < pooled; ++j)
-      if (y[at + j] > 0.0f) plane[argmax[at + j]] += gy[at + j];
-  });
+  backward_with(geometry.conv, x, w, gx, gw, gbias,
+                [&](int64_t sample, float* to, auto offset_of, int64_t channel_stride) {
+                  for (int64_t o = 0; o < O; ++o) {
+                    const int64_t at = (sample * O + o) * pooled;
+                    float* plane = to + o * channel_stride;
+                    for (int64_t j = 0; j < pooled; ++j)
+                      plane[offset_of[argmax[at + j]]] += masked_gradient(gy[at + j], y[at + j]);
+                  }
+                });
 }
 
 }  // namespace dptrain::cpu

@@ -297,7 +297,13 @@ std::vector<Case> cases() {
                                          {{3, 2, 9, 7}, {5, 2, 5, 5}, 1, 2, true, true},
                                          {{2, 4, 8, 8}, {3, 4, 1, 1}, 1, 0, false, false},
                                          {{1, 3, 7, 7}, {2, 3, 7, 7}, 1, 0, true, false},
-                                         {{8, 32, 13, 13}, {64, 32, 3, 3}, 1, 0, true, true}}) {
+                                         {{8, 32, 13, 13}, {64, 32, 3, 3}, 1, 0, true, true},
+                                         // the CPU's direct kernels with 3 and 4+1 packets of channels
+                                         // each way, padding; 1x1 and rows of 6 for 4 outputs go to im2col
+                                         {{2, 40, 7, 9}, {80, 40, 3, 3}, 1, 1, true, true},
+                                         {{3, 72, 6, 6}, {36, 72, 2, 2}, 1, 1, false, false},
+                                         {{2, 48, 5, 5}, {20, 48, 1, 1}, 1, 0, false, true},
+                                         {{2, 16, 4, 4}, {24, 16, 3, 3}, 1, 1, true, true}}) {
     const std::string shapes = "x " + str(v.x) + ", w " + str(v.w) + ", stride " + std::to_string(v.stride) +
                                ", pad " + std::to_string(v.padding) + (v.relu ? ", fused relu" : "") +
                                (v.bias ? ", bias" : ", no bias");
