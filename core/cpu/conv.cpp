@@ -1,11 +1,11 @@
-// conv2d on the CPU: im2col + GEMM over chunks of the batch. A chunk's column matrix
-// [C*KH*KW, chunk*OH*OW] is sized to stay in L2, so the GEMM streams from cache rather than DRAM; a
-// whole-batch column matrix (18 MB for the MNIST CNN's second layer) cost more than the GEMM it
-// fed. Backward recomputes each chunk's columns instead of keeping them, for the same reason.
-// conv2d -> ReLU -> max pooling pools each chunk's product while it is in cache, so the conv output
-// never goes to memory; its backward rebuilds the chunk's output gradient from the pooled output
-// and the winners' positions. Short patches at stride 1 skip im2col (core/cpu/conv_direct.h); the
-// bias, ReLU and pooling of each plane and its output gradient are the same code on both paths.
+// conv2d on the CPU. Stride-1 convolutions that core/cpu/conv_direct.h takes run as direct kernels;
+// the rest as im2col + GEMM over chunks of the batch, each chunk's column matrix [C*KH*KW,
+// chunk*OH*OW] sized to stay in L2 (a whole-batch column matrix, 18 MB for the MNIST CNN's second
+// layer, cost more than the GEMM it fed), its columns recomputed in backward rather than kept.
+// conv2d -> ReLU -> max pooling pools each plane of sums while it is in cache, so the conv output
+// never goes to memory; its backward rebuilds the output gradient from the pooled output and the
+// winners' positions. The bias, ReLU and pooling of each plane, and the writing of the output
+// gradient, are the same code on both paths.
 #include <algorithm>
 #include <bit>
 #include <cstdint>
@@ -205,7 +205,7 @@ void conv2d(const float* x, const float* w, const float* bias, float* y, const C
 void conv2d_backward(const float* go, const float* x, const float* w, const float* y, float* gx, float* gw,
                      float* gbias, const Conv2dGeometry& g) {
   const int64_t P = g.pixels(), O = g.out_channels;
-  // [batch, O, P] -> the chunk's [O, count*P], the layout the GEMMs want (through ReLU's mask if fused).
+  // [batch, O, P] -> the layout the backward kernels read (through ReLU's mask if fused).
   backward_with(g, x, w, gx, gw, gbias,
                 [&](int64_t sample, float* to, auto offset_of, int64_t channel_stride) {
                   for (int64_t o = 0; o < O; ++o) {
