@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
-#include <cstring>
 
 #include "core/cpu/conv_direct.h"
 #include "core/cpu/eigen.h"

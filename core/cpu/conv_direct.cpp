@@ -13,7 +13,6 @@
 #include <omp.h>
 
 #include <Eigen/Core>
-#include <Eigen/StdVector>
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -80,6 +79,12 @@ constexpr std::array<int64_t, kGradientPackets> kInputPixels = {12, 12, 8, 6};
 
 int64_t round_up(int64_t n, int64_t multiple) {
   return (n + multiple - 1) / multiple * multiple;
+}
+
+// Packets of a pass over channels [c0, channels) (channels a whole number of packets): at most
+// kGradientPackets, the channel blocking of both gradients.
+int64_t packets_from(int64_t c0, int64_t channels) {
+  return std::min<int64_t>(kGradientPackets, (channels - c0) / kLanes);
 }
 
 struct Layout {
@@ -178,12 +183,10 @@ void forward_channels(const float* input, const std::vector<int64_t>& offsets, c
 // Input-gradient passes cover whole blocks of pixels, whose size depends on the packets of input
 // channels per pass.
 int64_t input_pixel_multiple(int64_t in_channels) {
+  const int64_t channels = round_up(in_channels, kLanes);
   int64_t multiple = 1;
-  for (int64_t c0 = 0; c0 < round_up(in_channels, kLanes); c0 += kGradientPackets * kLanes) {
-    const int64_t packets =
-        std::min<int64_t>(kGradientPackets, (round_up(in_channels, kLanes) - c0) / kLanes);
-    multiple = std::lcm(multiple, kInputPixels[packets - 1]);
-  }
+  for (int64_t c0 = 0; c0 < channels; c0 += kGradientPackets * kLanes)
+    multiple = std::lcm(multiple, kInputPixels[packets_from(c0, channels) - 1]);
   return multiple;
 }
 
@@ -267,7 +270,7 @@ static_assert(kWeightGradientKernels.size() == kGradientPackets);
 void weight_gradient_taps(const GradientChunk& chunk, int64_t k0, int64_t taps, float* sums) {
   const int64_t channels = chunk.gradient->channels;
   for (int64_t o0 = 0; o0 < channels; o0 += kGradientPackets * kLanes) {
-    const int64_t packets = std::min<int64_t>(kGradientPackets, (channels - o0) / kLanes);
+    const int64_t packets = packets_from(o0, channels);
     kWeightGradientKernels[packets - 1][taps - 1](chunk, o0, k0, sums);
   }
 }
@@ -340,7 +343,7 @@ struct InputGradient {
 void add_input_gradient(const Conv2dGeometry& g, const Layout& l, const GradientLayout& gl,
                         const InputGradient& ig, const float* grad, float* out, float* gx) {
   for (int64_t c0 = 0; c0 < ig.in_channels; c0 += kGradientPackets * kLanes) {
-    const int64_t packets = std::min<int64_t>(kGradientPackets, (ig.in_channels - c0) / kLanes);
+    const int64_t packets = packets_from(c0, ig.in_channels);
     const int64_t pixels = kInputPixels[packets - 1];
     for (int64_t j0 = 0; j0 < gl.input_rows; j0 += pixels)
       kInputGradientKernels[packets - 1](grad, gl, l, g, ig.weights, ig.in_channels, j0, c0, out);
@@ -401,7 +404,7 @@ void backward(const Conv2dGeometry& g, const float* x, const float* w, float* gx
   std::optional<InputGradient> input_gradient;
   if (gx) input_gradient.emplace(g, w);
   // The weight gradient in passes over groups of taps, one work item each, and one for the bias.
-  const int64_t taps_per_pass = kTapsPerPass[std::min<int64_t>(kGradientPackets, gl.channels / kLanes) - 1];
+  const int64_t taps_per_pass = kTapsPerPass[packets_from(0, gl.channels) - 1];
   const int64_t groups = gw ? (K + taps_per_pass - 1) / taps_per_pass : 0;
 #pragma omp parallel
   {
