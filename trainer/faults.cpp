@@ -1,6 +1,8 @@
 // DPTRAIN_INJECT_FAULT parsing and firing.
 #include "trainer/faults.h"
 
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -17,9 +19,13 @@ InjectedFault InjectedFault::from_environment() {
   char kind[32] = "throw";
   const int fields = std::sscanf(spec, "%d:%ld:%31s", &f.rank_, &f.step_, kind);
   const std::string k = kind;
-  DPTRAIN_CHECK((fields == 2 || fields == 3) && (k == "throw" || k == "kill" || k == "kill_in_checkpoint"),
-                "DPTRAIN_INJECT_FAULT='", spec, "': expected RANK:STEP[:throw|kill|kill_in_checkpoint]");
-  f.kind_ = k == "kill" ? Kind::kKill : k == "kill_in_checkpoint" ? Kind::kKillInCheckpoint : Kind::kThrow;
+  DPTRAIN_CHECK((fields == 2 || fields == 3) &&
+                    (k == "throw" || k == "kill" || k == "kill_in_checkpoint" || k == "hang"),
+                "DPTRAIN_INJECT_FAULT='", spec, "': expected RANK:STEP[:throw|kill|kill_in_checkpoint|hang]");
+  f.kind_ = k == "kill"                 ? Kind::kKill
+            : k == "kill_in_checkpoint" ? Kind::kKillInCheckpoint
+            : k == "hang"               ? Kind::kHang
+                                        : Kind::kThrow;
   return f;
 }
 
@@ -27,6 +33,14 @@ void InjectedFault::before_step(int rank, int64_t steps_done) const {
   if (steps_done != step_ || rank != rank_) return;
   if (kind_ == Kind::kThrow) DPTRAIN_FAIL("fault injected by DPTRAIN_INJECT_FAULT at step ", steps_done);
   if (kind_ == Kind::kKill) std::raise(SIGKILL);
+  if (kind_ == Kind::kHang) {
+    std::fprintf(stderr, "dptrain: fault injected by DPTRAIN_INJECT_FAULT: rank %d hangs before step %lld\n",
+                 rank, static_cast<long long>(steps_done + 1));
+    std::fflush(stderr);
+    // A stop signal's handler returns here and the wait goes on: only a second SIGINT or a
+    // SIGKILL ends the process, as for a rank stuck in a collective.
+    for (;;) ::pause();
+  }
 }
 
 bool InjectedFault::kills_checkpoint(int rank, int64_t step) const {

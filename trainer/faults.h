@@ -3,6 +3,8 @@
 //   throw (default)     throws before the next step: "one rank fails, the whole job stops"
 //   kill                SIGKILLs itself there: a job killed between two checkpoints
 //   kill_in_checkpoint  rank 0 SIGKILLs itself half-way through writing that step's checkpoint
+//   hang                says so on stderr and waits for signals forever: a rank stuck in its step
+//                       (what a second SIGINT is for), deterministic where timing is not
 // Unset in normal use, and then it costs one comparison per step.
 #pragma once
 
@@ -15,13 +17,13 @@ class InjectedFault {
   // From DPTRAIN_INJECT_FAULT; throws on a malformed value.
   static InjectedFault from_environment();
 
-  // Throws or SIGKILLs as configured when this rank has done `steps_done` steps.
+  // Throws, SIGKILLs or hangs as configured when this rank has done `steps_done` steps.
   void before_step(int rank, int64_t steps_done) const;
   // Whether the checkpoint of `step` written by `rank` is to be cut short (kill_in_checkpoint).
   bool kills_checkpoint(int rank, int64_t step) const;
 
  private:
-  enum class Kind { kNone, kThrow, kKill, kKillInCheckpoint };
+  enum class Kind { kNone, kThrow, kKill, kKillInCheckpoint, kHang };
   Kind kind_ = Kind::kNone;
   int rank_ = -1;
   int64_t step_ = -1;

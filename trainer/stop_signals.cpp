@@ -6,6 +6,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstring>
+#include <string_view>
 
 #include "core/error.h"
 
@@ -25,7 +26,15 @@ extern "C" void record_stop_signal(int signal) {
     ::_exit(kExitInterrupted);
   }
   int none = 0;
-  first_signal.compare_exchange_strong(none, signal);
+  if (!first_signal.compare_exchange_strong(none, signal)) return;
+  // Said at once (write(2) is async-signal-safe; stdio is not): the stop itself waits for the step
+  // every rank agrees on, and a user at a terminal should know the key press was taken.
+  constexpr std::string_view kSigint =
+      "dptrain: SIGINT: stopping with a checkpoint at the next step; SIGINT again stops at once\n";
+  constexpr std::string_view kSigterm = "dptrain: SIGTERM: stopping with a checkpoint at the next step\n";
+  constexpr std::string_view kSigusr1 = "dptrain: SIGUSR1: stopping with a checkpoint at the next step\n";
+  const std::string_view line = signal == SIGINT ? kSigint : signal == SIGTERM ? kSigterm : kSigusr1;
+  [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, line.data(), line.size());
 }
 
 }  // namespace

@@ -10,7 +10,8 @@
 #                         model.safetensors byte-identical to a run never stopped
 #   stop_sigusr1          the same with SIGUSR1, which mpirun forwards: mpirun exits 75
 #   stop_sigterm_one_rank SIGTERM to one rank's process only: every rank stops, status 75
-#   second_sigint         one process, SIGINT twice: it stops at once with status 130
+#   second_sigint         one process stuck in a step, SIGINT twice: it says it took the first and
+#                         stops at once with status 130 on the second, with no stopped.json
 #   checkpoint_full_disk  checkpoint.dir on a 1 MiB tmpfs that holds one checkpoint, not two:
 #                         on_error "stop" ends the run with one line naming the file and ENOSPC, the
 #                         first checkpoint still loads and no temp file is left; "warn" finishes
@@ -43,7 +44,7 @@ start() {
   local cmd=("$TRAINER" --config "$SRC/configs/$config" --set "output_dir=\"$SCRATCH/${RUN_DIR:-$name}\""
              --set threads=1 --set "data.dir=\"$SRC/data/mnist\"" "$@")
   [ "$np" -gt 1 ] && cmd=("$MPIEXEC" -np "$np" --oversubscribe "${cmd[@]}")
-  "${cmd[@]}" >"$name.out" 2>"$name.err" &
+  DPTRAIN_INJECT_FAULT=${DPTRAIN_INJECT_FAULT:-} "${cmd[@]}" >"$name.out" 2>"$name.err" &
   PID=$!
 }
 
@@ -107,15 +108,28 @@ case "$CASE" in
     ;;
 
   second_sigint)
-    RUN_DIR=run start 1 interrupted "${RUN[@]}"
-    wait_for "$SCRATCH/run/checkpoints/ckpt-00000020.safetensors"
-    STAMP=$(date +%s.%N)
+    # The rank hangs before step 25 (DPTRAIN_INJECT_FAULT kind hang), as a job stuck in a step
+    # would: the first SIGINT is taken (its handler says so) but the agreed stop never comes, so
+    # the second is what ends it. Each SIGINT waits for the line of the one before: two sent back
+    # to back can merge into one pending signal before the process runs (seen on the Intel VMs).
+    DPTRAIN_INJECT_FAULT=0:24:hang RUN_DIR=run start 1 interrupted "${RUN[@]}"
+    wait_for_line() { # FILE TEXT: until FILE holds TEXT (30 s), else fail
+      local deadline=$((SECONDS + 30))
+      until grep -q "$2" "$1" 2>/dev/null; do
+        [ $SECONDS -lt $deadline ] || fail "timed out waiting for '$2' in $1"
+        sleep 0.02
+      done
+    }
+    wait_for_line interrupted.err "rank 0 hangs before step 25"
     kill -INT "$PID"
+    wait_for_line interrupted.err "SIGINT: stopping with a checkpoint at the next step; SIGINT again stops at once"
+    STAMP=$(date +%s.%N)
     kill -INT "$PID"
     finish interrupted
     sed 's/^/    /' interrupted.err
     [ "$RC" -eq 130 ] || fail "expected exit status 130 after a second SIGINT, got $RC"
     grep -q "second SIGINT: stopping at once" interrupted.err || fail "no line about the second SIGINT"
+    [ ! -e "$SCRATCH/run/stopped.json" ] || fail "a run stopped at once wrote stopped.json"
     ;;
 
   checkpoint_full_disk)
