@@ -20,7 +20,9 @@ struct Dataset {
 
 // Loads {train,t10k}-{images-idx3,labels-idx1}-ubyte (each plain or .gz) from dir: MNIST and
 // Fashion-MNIST share this layout. Pixels become (p/255 - mean) / std_dev; sample_shape {1, rows, cols}.
-Dataset load_image_dataset(const std::string& dir, bool train, float mean, float std_dev);
+// max_samples > 0 keeps only the first max_samples (as keep_first would, without converting the rest).
+Dataset load_image_dataset(const std::string& dir, bool train, float mean, float std_dev,
+                           int64_t max_samples = 0);
 
 // Keeps the first `n` samples (all when n is 0 or not smaller than the size).
 void keep_first(Dataset& ds, int64_t n);

@@ -7,6 +7,15 @@ CHECK=$(dirname "$TRAINER")/tests/e2e_check
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMP_NUM_THREADS=1  # with threads = 1 in every run: one core per rank, deterministic kernels
 
+# DPTRAIN_E2E_SMALL=1 (set by ctest in the sanitizer build): each case at the smallest size that
+# still drives its code path. Every launch then trains on the first 8192 training and evaluates on
+# the first 1000 test samples unless the case says otherwise, and cases shrink their step counts
+# with `pick FULL SMALL`; what only a full-size run shows (accuracy, speed) is guarded by `small ||`.
+small() { [ "${DPTRAIN_E2E_SMALL:-0}" = 1 ]; }
+pick() { if small; then echo "$2"; else echo "$1"; fi; }
+SMALL_DATA=()
+small && SMALL_DATA=(--set data.max_train_samples=8192 --set data.max_test_samples=1000)
+
 rm -rf "$SCRATCH"
 mkdir -p "$SCRATCH"
 cd "$SCRATCH" || exit 1
@@ -43,7 +52,7 @@ launch() {
   local np=$1 name=$2 config=$3
   shift 3
   local cmd=("$TRAINER" --config "$SRC/configs/$config" --set "output_dir=\"$SCRATCH/${RUN_DIR:-$name}\""
-             --set threads=1 --set "data.dir=\"$SRC/data/mnist\"" "$@")
+             --set threads=1 --set "data.dir=\"$SRC/data/mnist\"" "${SMALL_DATA[@]}" "$@")
   if [ "$np" -gt 1 ]; then
     cmd=("$MPIEXEC" -np "$np" --oversubscribe -x DPTRAIN_INJECT_FAULT "${cmd[@]}")
   fi

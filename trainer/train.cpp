@@ -78,10 +78,9 @@ data::Dataset load_dataset(const Config& c, const layers::Module& model, bool tr
     return data::make_linear_dataset(train ? l.samples : l.test_samples, l.coefficients, l.noise,
                                      c.seed + (train ? 0 : 1));
   }
-  data::Dataset ds = data::load_image_dataset(c.data.dir, train, static_cast<float>(c.data.mean),
-                                              static_cast<float>(c.data.std));
-  data::keep_first(ds, train ? c.data.max_train_samples : c.data.max_test_samples);
-  return ds;
+  return data::load_image_dataset(c.data.dir, train, static_cast<float>(c.data.mean),
+                                  static_cast<float>(c.data.std),
+                                  train ? c.data.max_train_samples : c.data.max_test_samples);
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const OptimizerConfig& o, const FlatParameters& parameters) {
@@ -360,14 +359,9 @@ void Trainer::train_step(int64_t epoch, int64_t step, StepTotals& totals) {
 
   const bool compressed = powersgd_ && powersgd_->compresses(position_.global_step);
   optimizer_->zero_grad();
-  // Without SyncBatchNorm each rank's running statistics follow its own batches; as DDP does, every
-  // step starts from rank 0's, so all ranks evaluate and checkpoint the same model.
-  if (config_.distributed.broadcast_buffers && !batch_stats_sync_ && world_.size() > 1 &&
-      buffers_->size() > 0) {
+  if (buffers_follow_rank0()) {
     Phase phase(totals.communication, "broadcast of buffers");
-    state_comm_->broadcast(
-        std::span<float>(buffers_->values().data_ptr(), static_cast<std::size_t>(buffers_->size())), 0,
-        "broadcast of BatchNorm buffers from rank 0");
+    broadcast_buffers_from_rank0();
   }
   for (int64_t pass = 0; pass < passes; ++pass) {
     {
@@ -477,11 +471,27 @@ void Trainer::count_batch(const Tensor& output, const Tensor& loss, StepTotals& 
   totals.samples += n;
 }
 
+// Without SyncBatchNorm each rank's running statistics follow its own batches; as DDP does, every
+// step and every evaluation starts from rank 0's, so all ranks evaluate and checkpoint one model.
+bool Trainer::buffers_follow_rank0() const {
+  return config_.distributed.broadcast_buffers && !batch_stats_sync_ && world_.size() > 1 &&
+         buffers_->size() > 0;
+}
+
+void Trainer::broadcast_buffers_from_rank0() {
+  state_comm_->broadcast(
+      std::span<float>(buffers_->values().data_ptr(), static_cast<std::size_t>(buffers_->size())), 0,
+      "broadcast of BatchNorm buffers from rank 0");
+}
+
 // The test set is cut into chunks of eval_batch_size in order, and each rank evaluates a contiguous
 // run of chunks. Each chunk is then computed alike on any number of ranks, and the sums are exact, so
 // the figures do not depend on the world size.
 Evaluation Trainer::evaluate() {
   timeline::Span span("evaluate", "evaluate");
+  // The last step's forward moved each rank's running statistics on its own batch: evaluate the
+  // model rank 0 checkpoints (DDP broadcasts before every forward, evaluation's included).
+  if (buffers_follow_rank0()) broadcast_buffers_from_rank0();
   NoGradGuard no_grad;
   model_->set_training(false);
   const int64_t n = test_set_.size, r = world_.rank(), size = world_.size(),

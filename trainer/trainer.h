@@ -66,6 +66,9 @@ class Trainer {
   // The loss and correct predictions of a forward pass, added to `totals`.
   void count_batch(const Tensor& output, const Tensor& loss, StepTotals& totals) const;
   Evaluation evaluate();
+  // Whether BatchNorm buffers are rank 0's on every rank (broadcast before each step and evaluation).
+  bool buffers_follow_rank0() const;
+  void broadcast_buffers_from_rank0();
   void load_batch(const data::Dataset& ds, std::span<const int64_t> indices);
   std::vector<NamedTensor> model_state() const;  // parameters and buffers, as checkpoints hold them
 

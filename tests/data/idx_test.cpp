@@ -230,6 +230,18 @@ TEST_F(IdxTest, LoadsImageDataset) {
   EXPECT_EQ(test.inputs[23], 23.0f / 255.0f);
 }
 
+TEST_F(IdxTest, LoadsTheFirstSamplesOnlyWhenAskedAsKeepFirstWould) {
+  write_mnist_like(dir_.string(), "train", 12, /*gz=*/false);
+  auto all = load_image_dataset(dir_.string(), true, 0.5f, 0.25f);
+  dptrain::data::keep_first(all, 5);
+  const auto first = load_image_dataset(dir_.string(), true, 0.5f, 0.25f, 5);
+  EXPECT_EQ(first.size, 5);
+  ASSERT_EQ(first.inputs.size(), 30u);  // 5 samples of 2 x 3 pixels
+  EXPECT_EQ(first.inputs, all.inputs);
+  EXPECT_EQ(first.labels, all.labels);
+  EXPECT_EQ(load_image_dataset(dir_.string(), true, 0.5f, 0.25f, 99).size, 12);  // more than there are: all
+}
+
 TEST_F(IdxTest, ImageDatasetErrorsNameFiles) {
   const std::string images = path("train-images-idx3-ubyte"), labels = path("train-labels-idx1-ubyte");
   write_raw(images, idx_file({3, 2, 2}, iota_bytes(12)));

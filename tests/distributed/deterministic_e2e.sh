@@ -25,6 +25,9 @@ need_mnist
 COMMON=(--set training.max_steps=30 --set training.epochs=1 --set optimizer.lr_scaling=none
         --set data.max_train_samples=4096 --set data.max_test_samples=1000 --set data.eval_batch_size=300)
 BASE=("${COMMON[@]}" --set distributed.deterministic=true --set distributed.deterministic_micro_batch=16)
+# The comparisons of runs (not the resume, whose checkpoints are placed in 30 steps) take 6 steps in
+# the sanitizer build: the same micro-batches, reductions and masks, fewer of them.
+SHORT=(--set training.max_steps="$(pick 30 6)")
 
 # identical REFERENCE RUN...: each run's weights and metrics equal REFERENCE's, bit for bit.
 identical() {
@@ -50,7 +53,10 @@ case "$CASE" in
     else
       OPT=(--set optimizer.type=adam --set optimizer.lr=0.001)
     fi
-    RUN=(mnist.json "${BASE[@]}" "${OPT[@]}")
+    # Adam in the sanitizer build on the MLP: the optimizer sees only the summed gradient, and SGD
+    # runs the convolutions' deterministic sums there already.
+    MODEL=$([ "$CASE" = deterministic_sgd ] && echo mnist.json || pick mnist.json mnist_mlp.json)
+    RUN=("$MODEL" "${BASE[@]}" "${OPT[@]}" "${SHORT[@]}")
     train 1 np1 "${RUN[@]}" --set data.batch_size=128
     train 2 np2 "${RUN[@]}" --set data.batch_size=64
     train 4 np4 "${RUN[@]}" --set data.batch_size=32
@@ -66,8 +72,8 @@ case "$CASE" in
     identical np1 np1_t2
     # Not vacuous: without the mode, np 2 and np 1 differ in the last bits (the batch split and the
     # allreduce add in another order).
-    train 1 np1_plain mnist.json "${COMMON[@]}" "${OPT[@]}" --set data.batch_size=128
-    train 2 np2_plain mnist.json "${COMMON[@]}" "${OPT[@]}" --set data.batch_size=64
+    train 1 np1_plain "$MODEL" "${COMMON[@]}" "${OPT[@]}" "${SHORT[@]}" --set data.batch_size=128
+    train 2 np2_plain "$MODEL" "${COMMON[@]}" "${OPT[@]}" "${SHORT[@]}" --set data.batch_size=64
     ! cmp -s np1_plain/model.safetensors np2_plain/model.safetensors ||
       fail "without distributed.deterministic np 1 and np 2 were identical too: this test shows nothing"
     echo "  without the mode: np1 and np2 differ ($($CHECK close np1_plain/model.safetensors np2_plain/model.safetensors 1 | tail -1))"
@@ -75,7 +81,7 @@ case "$CASE" in
 
   deterministic_dropout)
     MLP='[{"type":"flatten"},{"type":"dense","out_features":128},{"type":"relu"},{"type":"dropout","p":0.3},{"type":"dense","out_features":10}]'
-    RUN=(mnist_mlp.json "${BASE[@]}" --set "model.layers=$MLP" --set optimizer.type=adam)
+    RUN=(mnist_mlp.json "${BASE[@]}" --set "model.layers=$MLP" --set optimizer.type=adam "${SHORT[@]}")
     train 1 np1 "${RUN[@]}" --set data.batch_size=128
     train 2 np2 "${RUN[@]}" --set data.batch_size=64
     train 4 np4 "${RUN[@]}" --set data.batch_size=32
@@ -83,20 +89,26 @@ case "$CASE" in
     ;;
 
   deterministic_resume)
+    # 30 steps with a checkpoint every 10 (the sanitizer build: 15 and 5).
+    U=$(pick 10 5)
     OPT=(--set optimizer.type=adam --set optimizer.lr=0.001 --set optimizer.schedule=cosine
-         --set checkpoint.every_steps=10 --set checkpoint.every_epochs=0)
-    RUN=(mnist.json "${BASE[@]}" "${OPT[@]}")
+         --set checkpoint.every_steps=$U --set checkpoint.every_epochs=0 --set training.max_steps=$((3 * U)))
+    # The CNN; the MLP in the sanitizer build (checkpoints and resumes do not depend on the layers).
+    RUN=("$(pick mnist.json mnist_mlp.json)" "${BASE[@]}" "${OPT[@]}")
     train 1 straight "${RUN[@]}" --set data.batch_size=128
-    # 2 ranks, killed after step 17: the newest checkpoint is step 10's. Resumed on 1 rank x 128.
-    DPTRAIN_INJECT_FAULT=1:17:kill RUN_DIR=two_to_one launch 2 two_to_one_killed "${RUN[@]}" --set data.batch_size=64
+    # 2 ranks, killed after step 17 (8): the newest checkpoint is step 10's (5's). Resumed on 1 rank x 128.
+    DPTRAIN_INJECT_FAULT=1:$((U + U * 7 / 10)):kill RUN_DIR=two_to_one launch 2 two_to_one_killed "${RUN[@]}" \
+      --set data.batch_size=64
     [ "$RC" -ne 0 ] && [ ! -e two_to_one/model.safetensors ] || fail "the 2-rank run was meant to be killed"
     RUN_DIR=two_to_one train 1 two_to_one_resumed "${RUN[@]}" --set data.batch_size=128 --resume auto
-    grep -q "resuming from .*ckpt-00000010" two_to_one_resumed.out || fail "2 -> 1 did not resume from step 10"
-    # 1 rank, killed after step 23 (newest checkpoint: 20), resumed on 4 ranks x 32.
-    DPTRAIN_INJECT_FAULT=0:23:kill RUN_DIR=one_to_four launch 1 one_to_four_killed "${RUN[@]}" --set data.batch_size=128
+    grep -q "resuming from .*$(printf 'ckpt-%08d' $U)" two_to_one_resumed.out || fail "2 -> 1 did not resume from step $U"
+    # 1 rank, killed after step 23 (11; newest checkpoint: 20, 10), resumed on 4 ranks x 32.
+    DPTRAIN_INJECT_FAULT=0:$((2 * U + U * 3 / 10)):kill RUN_DIR=one_to_four launch 1 one_to_four_killed "${RUN[@]}" \
+      --set data.batch_size=128
     [ "$RC" -ne 0 ] && [ ! -e one_to_four/model.safetensors ] || fail "the 1-rank run was meant to be killed"
     RUN_DIR=one_to_four train 4 one_to_four_resumed "${RUN[@]}" --set data.batch_size=32 --resume auto
-    grep -q "resuming from .*ckpt-00000020" one_to_four_resumed.out || fail "1 -> 4 did not resume from step 20"
+    grep -q "resuming from .*$(printf 'ckpt-%08d' $((2 * U)))" one_to_four_resumed.out ||
+      fail "1 -> 4 did not resume from step $((2 * U))"
     cmp straight/model.safetensors two_to_one/model.safetensors || fail "2 -> 1 differs from the straight run"
     cmp straight/model.safetensors one_to_four/model.safetensors || fail "1 -> 4 differs from the straight run"
     echo "  2 -> 1 and 1 -> 4 byte-identical to the straight run: sha256" \

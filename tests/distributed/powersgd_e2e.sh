@@ -3,8 +3,8 @@
 #
 #   powersgd_e2e.sh CASE TRAINER SOURCE_DIR SCRATCH_DIR [MPIEXEC]
 #
-# Cases (MNIST CNN on 2 ranks, 60 steps, PowerSGD rank 2 from step 10; exit 77 = skipped when
-# data/mnist is absent):
+# Cases (MNIST CNN on 2 ranks, 60 steps, PowerSGD rank 2 from step 10, all halved in the sanitizer
+# build; exit 77 = skipped when data/mnist is absent):
 #   powersgd_resume  a run killed by kill -9 after step 47 (newest checkpoint: 40) and resumed with
 #                    --resume auto ends byte-identical to the straight run, so Q and every rank's
 #                    error buffer came back; a resume on 1 rank takes the errors' sum and finishes;
@@ -14,40 +14,47 @@
 source "$(dirname "$0")/../e2e_common.sh"
 need_mnist
 
-COMMON=(--set training.max_steps=60 --set training.epochs=1 --set data.max_train_samples=8192
-        --set data.max_test_samples=1000 --set data.batch_size=64 --set checkpoint.every_steps=20
+# Step numbers in units of U: U = 10 (the sanitizer build: 5). 6U steps, a checkpoint every 2U,
+# PowerSGD from step U; the kill after step 4U + 7 (4U + 2) finds the checkpoint of step 4U.
+U=$(pick 10 5)
+ckpt() { printf 'ckpt-%08d' "$1"; }
+COMMON=(--set training.max_steps=$((6 * U)) --set training.epochs=1 --set data.max_train_samples=8192
+        --set data.max_test_samples=1000 --set data.batch_size=64 --set checkpoint.every_steps=$((2 * U))
         --set checkpoint.every_epochs=0)
-PSGD=(--set 'distributed.compression="powersgd"' --set distributed.powersgd.start_step=10)
+PSGD=(--set 'distributed.compression="powersgd"' --set distributed.powersgd.start_step=$U)
 
 case "$CASE" in
   powersgd_resume)
-    train 2 straight mnist.json "${COMMON[@]}" "${PSGD[@]}"
-    grep -q "^powersgd: rank 2 from step 10" straight.out || fail "no powersgd summary line: $(cat straight.out)"
-    DPTRAIN_INJECT_FAULT=1:47:kill RUN_DIR=resumed launch 2 killed mnist.json "${COMMON[@]}" "${PSGD[@]}"
-    [ "$RC" -ne 0 ] && [ ! -e resumed/model.safetensors ] || fail "the run was meant to be killed after step 47"
-    RUN_DIR=resumed train 2 resumed mnist.json "${COMMON[@]}" "${PSGD[@]}" --resume auto
-    grep -q "resuming from .*ckpt-00000040" resumed.out || fail "did not resume from step 40: $(cat resumed.out)"
+    # The CNN; the sanitizer build the MLP, whose two dense matrices PowerSGD compresses alike.
+    MODEL=$(pick mnist.json mnist_mlp.json)
+    train 2 straight "$MODEL" "${COMMON[@]}" "${PSGD[@]}"
+    grep -q "^powersgd: rank 2 from step $U" straight.out || fail "no powersgd summary line: $(cat straight.out)"
+    kill_at=$((4 * U + $(pick 7 2)))
+    DPTRAIN_INJECT_FAULT=1:$kill_at:kill RUN_DIR=resumed launch 2 killed "$MODEL" "${COMMON[@]}" "${PSGD[@]}"
+    [ "$RC" -ne 0 ] && [ ! -e resumed/model.safetensors ] || fail "the run was meant to be killed after step $kill_at"
+    RUN_DIR=resumed train 2 resumed "$MODEL" "${COMMON[@]}" "${PSGD[@]}" --resume auto
+    grep -q "resuming from .*$(ckpt $((4 * U)))" resumed.out || fail "did not resume from step $((4 * U)): $(cat resumed.out)"
     cmp straight/model.safetensors resumed/model.safetensors ||
       fail "the resumed run differs from the straight run ($($CHECK close straight/model.safetensors resumed/model.safetensors 1 | tail -1))"
-    echo "  kill -9 after step 47, resumed from 40: byte-identical, sha256" \
+    echo "  kill -9 after step $kill_at, resumed from $((4 * U)): byte-identical, sha256" \
       "$(sha256sum straight/model.safetensors | cut -c1-64)"
     # Not vacuous: without the error buffers (a resume that dropped them) the weights would differ;
     # a run that never compressed differs too.
-    train 2 plain mnist.json "${COMMON[@]}"
+    train 2 plain "$MODEL" "${COMMON[@]}"
     ! cmp -s straight/model.safetensors plain/model.safetensors || fail "powersgd changed nothing"
     # On one rank: the two error buffers are summed into rank 0's, and training goes on.
-    RUN_DIR=one_rank launch 2 one_rank_killed mnist.json "${COMMON[@]}" "${PSGD[@]}" --set training.max_steps=40
-    RUN_DIR=one_rank train 1 one_rank mnist.json "${COMMON[@]}" "${PSGD[@]}" --set data.batch_size=128 --resume auto
+    RUN_DIR=one_rank launch 2 one_rank_killed "$MODEL" "${COMMON[@]}" "${PSGD[@]}" --set training.max_steps=$((4 * U))
+    RUN_DIR=one_rank train 1 one_rank "$MODEL" "${COMMON[@]}" "${PSGD[@]}" --set data.batch_size=128 --resume auto
     grep -q "error buffers of 2 rank(s) summed into rank 0's" one_rank.out || fail "no note of the summed errors"
     echo "  2 -> 1 ranks: $(grep -m1 'summed into' one_rank.out)"
-    # Switched on at a resume (the plain run's checkpoint of step 40 holds no PowerSGD state) and off
-    # again: both go on, the first saying so.
-    rm -rf switch && cp -r plain switch && rm -f switch/model.safetensors switch/checkpoints/ckpt-00000060.safetensors
-    RUN_DIR=switch train 2 switch_on mnist.json "${COMMON[@]}" "${PSGD[@]}" --resume auto --set training.max_steps=50
+    # Switched on at a resume (the plain run's checkpoint of step 4U holds no PowerSGD state) and off
+    # again at 5U: both go on, the first saying so.
+    rm -rf switch && cp -r plain switch && rm -f switch/model.safetensors "switch/checkpoints/$(ckpt $((6 * U))).safetensors"
+    RUN_DIR=switch train 2 switch_on "$MODEL" "${COMMON[@]}" "${PSGD[@]}" --resume auto --set training.max_steps=$((5 * U))
     grep -q "holds no PowerSGD state" switch_on.out || fail "no note that the checkpoint had no PowerSGD state"
-    RUN_DIR=switch train 2 switch_off mnist.json "${COMMON[@]}" --resume auto
-    grep -q "resuming from .*ckpt-00000050" switch_off.out || fail "switching PowerSGD off did not resume from 50"
-    echo "  PowerSGD switched on at step 40 and off at step 50: $(grep -m1 'holds no PowerSGD' switch_on.out | cut -c1-60)..."
+    RUN_DIR=switch train 2 switch_off "$MODEL" "${COMMON[@]}" --resume auto
+    grep -q "resuming from .*$(ckpt $((5 * U)))" switch_off.out || fail "switching PowerSGD off did not resume from $((5 * U))"
+    echo "  PowerSGD switched on at step $((4 * U)) and off at step $((5 * U)): $(grep -m1 'holds no PowerSGD' switch_on.out | cut -c1-60)..."
     ;;
 
   powersgd_bytes)

@@ -390,6 +390,30 @@ TEST(GradientReducer, UnarmedPassLaunchesNothingAndFinishReducesTheAccumulatedSu
   }
 }
 
+// backward_passes_per_step = 3 on every world size: each pass seeded with loss_scale(3), so the
+// reduced gradient is the mean over all passes of all ranks, 1 / (3 N) times the sum (the closed
+// form), and the seed is exactly that factor.
+TEST(GradientReducer, SeveralPassesAverageOverPassesAndRanks) {
+  autograd::clear_tape();
+  constexpr int kPasses = 3;
+  const int N = test::size();
+  Chain c;
+  MpiCommunicator comm(test::world());
+  test::TestReducer reducer_owner(comm, c.params, ReducerOptions{0, 1, true, Compression::kNone});
+  GradientReducer& reducer = reducer_owner.reducer;
+  EXPECT_EQ(reducer.loss_scale(kPasses), 1.0f / static_cast<float>(kPasses * N));
+  c.zero_grad();
+  for (int pass = 0; pass < kPasses; ++pass) {
+    if (pass == kPasses - 1) reducer.prepare(0);  // the last pass launches the reduction
+    c.backward(batch_of(test::rank(), pass), reducer.loss_scale(kPasses));
+  }
+  reducer.finish();
+  auto mean = reference_average(c, N, kPasses);
+  for (auto& tensor : mean)
+    for (double& v : tensor) v /= kPasses;
+  expect_matches(c, mean, std::to_string(kPasses) + " passes on " + std::to_string(N) + " rank(s)");
+}
+
 // A step where prepare() is never called (every pass disarmed): finish() alone must launch and
 // reduce every bucket, also after earlier prepared steps through the same reducer.
 TEST(GradientReducer, FinishWithoutPrepareReducesEverything) {

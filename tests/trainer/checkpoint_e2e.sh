@@ -41,7 +41,8 @@ resumed_from() { sed -n 's/^dptrain: resuming from \([^:]*\):.*/\1/p' "$1.out"; 
 # A small epoch keeps CI short: 4096 samples / (2 ranks x 32) = 64 steps per epoch.
 SMALL=(--set data.max_train_samples=4096 --set data.max_test_samples=2000 --set data.batch_size=32)
 MLP_DROPOUT='[{"type":"flatten"},{"type":"dense","out_features":128},{"type":"relu"},{"type":"dropout","p":0.2},{"type":"dense","out_features":10}]'
-ADAM=(mnist_mlp.json "${SMALL[@]}" --set "model.layers=$MLP_DROPOUT" --set training.epochs=4
+# 4 epochs (256 steps), 2 in the sanitizer build (128): kills and resumes still cross an epoch end.
+ADAM=(mnist_mlp.json "${SMALL[@]}" --set "model.layers=$MLP_DROPOUT" --set training.epochs="$(pick 4 2)"
       --set checkpoint.every_steps=25 --set checkpoint.every_epochs=0)
 
 # exact_resume NAME KILL_STEP EXPECTED_CHECKPOINT_STEP CONFIG...: straight run vs killed + resumed.
@@ -65,16 +66,20 @@ exact_resume() {
 
 case "$CASE" in
   resume_exact_adam)
-    # Checkpoints every 25 steps; killed after step 137 (epoch 3), between checkpoints 125 and 150.
-    exact_resume adam 137 125 "${ADAM[@]}"
+    # Checkpoints every 25 steps; killed after step 137 (epoch 3), between checkpoints 125 and 150
+    # (sanitizer build: after step 70, epoch 2, resumed from 50 in epoch 1).
+    exact_resume adam "$(pick 137 70)" "$(pick 125 50)" "${ADAM[@]}"
     ;;
 
   resume_exact_sgd)
     # 3200 samples: 50 steps per epoch. Checkpoints every 20 steps; killed after step 70, so the
     # resume (from 60) crosses no checkpoint but the epoch boundary at 100 and two more checkpoints.
-    exact_resume sgd 70 60 mnist.json "${SMALL[@]}" --set data.max_train_samples=3200 --set training.epochs=3 \
+    # The sanitizer build: 800 samples in batches of 2 x 16, 25 steps per epoch, checkpoints every
+    # 10, killed after 35, resumed from 30 across the boundary at 50.
+    exact_resume sgd "$(pick 70 35)" "$(pick 60 30)" mnist.json "${SMALL[@]}" \
+      --set data.max_train_samples="$(pick 3200 800)" --set data.batch_size="$(pick 32 16)" --set training.epochs=3 \
       --set optimizer.type=sgd --set optimizer.lr=0.05 --set optimizer.momentum=0.9 \
-      --set optimizer.schedule=cosine --set checkpoint.every_steps=20 --set checkpoint.every_epochs=0
+      --set optimizer.schedule=cosine --set checkpoint.every_steps="$(pick 20 10)" --set checkpoint.every_epochs=0
     ;;
 
   resume_exact_syncbn | resume_exact_batchnorm)
@@ -92,15 +97,16 @@ case "$CASE" in
 
   interrupted_write)
     train 2 straight "${ADAM[@]}"
-    # Rank 0 SIGKILLs itself half-way through writing ckpt-150 (DPTRAIN_INJECT_FAULT kind
-    # kill_in_checkpoint): the temp file is left, the rename never happened.
-    DPTRAIN_INJECT_FAULT=0:150:kill_in_checkpoint RUN_DIR=run launch 2 killed_writing "${ADAM[@]}"
+    # Rank 0 SIGKILLs itself half-way through writing ckpt-150 (sanitizer build: ckpt-100;
+    # DPTRAIN_INJECT_FAULT kind kill_in_checkpoint): the temp file is left, the rename never happened.
+    cut=$(printf %08d "$(pick 150 100)") before=$(printf %08d "$(pick 125 75)")
+    DPTRAIN_INJECT_FAULT=0:$((10#$cut)):kill_in_checkpoint RUN_DIR=run launch 2 killed_writing "${ADAM[@]}"
     expect_killed run
     ls -la "$SCRATCH/run/checkpoints" | sed 's/^/    /'
-    [ -e "$SCRATCH/run/checkpoints/.ckpt-00000150.safetensors.tmp" ] || fail "no half-written temp file was left"
-    [ ! -e "$SCRATCH/run/checkpoints/ckpt-00000150.safetensors" ] || fail "the interrupted checkpoint has its final name"
+    [ -e "$SCRATCH/run/checkpoints/.ckpt-$cut.safetensors.tmp" ] || fail "no half-written temp file was left"
+    [ ! -e "$SCRATCH/run/checkpoints/ckpt-$cut.safetensors" ] || fail "the interrupted checkpoint has its final name"
     previous=$(newest run)
-    [ "$(basename "$previous")" = ckpt-00000125.safetensors ] || fail "newest complete checkpoint is '$previous'"
+    [ "$(basename "$previous")" = "ckpt-$before.safetensors" ] || fail "newest complete checkpoint is '$previous'"
     launch 1 evaluate_previous mnist_mlp.json "${SMALL[@]}" --set "model.layers=$MLP_DROPOUT" --evaluate "$previous"
     [ "$RC" -eq 0 ] || fail "the previous checkpoint does not load: $(cat evaluate_previous.err)"
     sed 's/^/  /' evaluate_previous.out
@@ -109,7 +115,7 @@ case "$CASE" in
     echo "  --resume auto picked $(basename "$previous")"
     cmp straight/model.safetensors run/model.safetensors || fail "weights differ from the straight run's"
     echo "  final weights bitwise identical to the straight run's"
-    [ ! -e "$SCRATCH/run/checkpoints/.ckpt-00000150.safetensors.tmp" ] || fail "the stale temp file was not cleaned up"
+    [ ! -e "$SCRATCH/run/checkpoints/.ckpt-$cut.safetensors.tmp" ] || fail "the stale temp file was not cleaned up"
     ;;
 
   damaged_checkpoints)
@@ -180,6 +186,7 @@ case "$CASE" in
     declare -A acc
     for run in straight two_then_one one_then_two; do acc[$run]=$($CHECK metric $run/metrics.jsonl test_accuracy); done
     echo "  final test accuracy: straight ${acc[straight]}, 2 -> 1 ${acc[two_then_one]}, 1 -> 2 ${acc[one_then_two]}"
+    small && { echo "PASS: $CASE (the accuracy band is checked in the Release build)"; exit 0; }
     for run in two_then_one one_then_two; do
       awk -v a="${acc[straight]}" -v b="${acc[$run]}" 'BEGIN { d = a - b; exit !(d <= 0.015 && -d <= 0.015) }' ||
         fail "$run left the straight run's accuracy band"

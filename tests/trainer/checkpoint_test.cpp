@@ -241,6 +241,29 @@ TEST_F(CheckpointFiles, RejectsAFlippedByteInTheData) {
   }
 }
 
+// One byte flipped in each tensor in turn, the first and the last of every list included: the
+// checksum covers all of them, whatever the order they are written in.
+TEST_F(CheckpointFiles, RejectsAFlippedByteInEveryTensor) {
+  const std::vector<char> clean = encoded();
+  const uint64_t n = header_length(clean);
+  const json header = json::parse(clean.begin() + 8, clean.begin() + 8 + static_cast<std::ptrdiff_t>(n));
+  int tensors = 0;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") continue;
+    const auto begin = entry["data_offsets"][0].get<std::size_t>(),
+               end = entry["data_offsets"][1].get<std::size_t>();
+    ASSERT_LT(begin, end) << name;
+    for (const std::size_t at : {begin, end - 1}) {
+      std::vector<char> bytes = clean;
+      bytes[8 + n + at] ^= 0x01;
+      SCOPED_TRACE(name + " byte " + std::to_string(at));
+      expect_rejected(bytes, {"tensor data checksum mismatch"});
+    }
+    ++tensors;
+  }
+  EXPECT_GE(tensors, 3);
+}
+
 TEST_F(CheckpointFiles, RejectsAFlippedDigitInThePosition) {
   const std::vector<char> bytes =
       with_header(encoded(), [](json& h) { h["__metadata__"]["global_step"] = "124"; });

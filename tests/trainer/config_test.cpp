@@ -182,6 +182,21 @@ TEST(ConfigErrors, OutOfRange) {
   expect_config_error(b, {"optimizer.betas"});
 }
 
+// A negative learning rate climbs the loss; 0 is a legal no-op (the e2e tests measure a starting
+// point with it). Checked for both optimizers, whose defaults differ.
+TEST(ConfigErrors, NegativeLearningRateIsRejectedAndZeroIsNot) {
+  for (const char* type : {"adam", "sgd"}) {
+    Json j = mnist();
+    j["optimizer"]["type"] = type;
+    j["optimizer"]["lr"] = -0.5;
+    expect_config_error(j, {"optimizer.lr", "out of range"});
+    j["optimizer"]["lr"] = -1e-300;
+    expect_config_error(j, {"optimizer.lr", "out of range"});
+    j["optimizer"]["lr"] = 0.0;
+    EXPECT_EQ(parse_config(j).optimizer.lr, 0.0) << type;
+  }
+}
+
 // Integers that do not fit the field must be rejected, not wrapped into range.
 TEST(ConfigErrors, IntegersOutsideTheFieldTypeAreRejected) {
   Json seed = mnist();
