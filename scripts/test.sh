@@ -53,7 +53,8 @@ run_ctest() {
   shift
   # Passed tests' output in full in the JUnit file: skips inside one ctest entry (GoogleTest's
   # "[  SKIPPED ]" under mpirun) are read from there.
-  ctest --test-dir "$dir" --output-on-failure -j "$jobs" --output-junit "$dir/ctest-junit.xml" \
+  # (--output-junit takes a path relative to the test directory.)
+  ctest --test-dir "$dir" --output-on-failure -j "$jobs" --output-junit ctest-junit.xml \
     --test-output-size-passed 1048576 "$@"
 }
 
