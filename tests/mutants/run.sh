@@ -39,7 +39,8 @@ mutate() {
 }
 
 results=() survived=0 broken=0 began=$(date +%s)
-while IFS=$'\t' read -r id file from to tests; do
+# The list comes in on fd 3: mpirun, under ctest, forwards standard input to rank 0 and would eat it.
+while IFS=$'\t' read -r id file from to tests <&3; do
   [[ -z $id || $id == \#* ]] && continue
   if ((${#wanted[@]} > 0)) && [[ " ${wanted[*]} " != *" $id "* ]]; then continue; fi
   echo "== $id: $file =="
@@ -59,7 +60,7 @@ while IFS=$'\t' read -r id file from to tests; do
     continue
   fi
   started=$(date +%s)
-  if ctest --test-dir "$build" -R "$tests" -j "${DPTRAIN_JOBS:-2}" >"$saved/ctest.log" 2>&1; then
+  if ctest --test-dir "$build" -R "$tests" -j "${DPTRAIN_JOBS:-2}" >"$saved/ctest.log" 2>&1 </dev/null; then
     verdict="SURVIVED ($(grep -o '[0-9]* tests passed\|out of [0-9]*' "$saved/ctest.log" | tail -1 | tr -d '\n') passed: $tests)"
     survived=$((survived + 1))
   else
@@ -69,7 +70,7 @@ while IFS=$'\t' read -r id file from to tests; do
   results+=("$(printf '%-42s %s  [%d s]' "$id" "$verdict" $(($(date +%s) - started)))")
   echo "   ${results[-1]}"
   restore
-done <"$repo_root/tests/mutants/mutants.tsv"
+done 3<"$repo_root/tests/mutants/mutants.tsv"
 
 echo "== rebuilding the clean tree =="
 cmake --build "$build" -j "${DPTRAIN_JOBS:-2}" >/dev/null
