@@ -25,9 +25,9 @@ need_mnist
 COMMON=(--set training.max_steps=30 --set training.epochs=1 --set optimizer.lr_scaling=none
         --set data.max_train_samples=4096 --set data.max_test_samples=1000 --set data.eval_batch_size=300)
 BASE=("${COMMON[@]}" --set distributed.deterministic=true --set distributed.deterministic_micro_batch=16)
-# The comparisons of runs (not the resume, whose checkpoints are placed in 30 steps) take 6 steps in
-# the sanitizer build: the same micro-batches, reductions and masks, fewer of them.
-SHORT=(--set training.max_steps="$(pick 30 6)")
+# The comparisons of runs (not the resume, whose checkpoints are placed in 30 steps) take 3 steps in
+# the sanitizer build: the same micro-batches, reductions, masks and momentum, fewer of them.
+SHORT=(--set training.max_steps="$(pick 30 3)")
 
 # identical REFERENCE RUN...: each run's weights and metrics equal REFERENCE's, bit for bit.
 identical() {

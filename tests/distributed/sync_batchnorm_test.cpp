@@ -1,5 +1,5 @@
 // SyncBatchNorm's guarantee: N ranks, each with batch B, statistics summed across ranks, train
-// exactly as one rank with the whole batch N*B. Ten SGD-momentum steps of resnet20 (every BN in it
+// exactly as one rank with the whole batch N*B. Four SGD-momentum steps of resnet20 (every BN in it
 // synchronised, gradients averaged by the reducer), then every parameter and every buffer (running
 // statistics and batch counters) compared: max |diff| <= 1e-5 x max |w|, where w ranges over the
 // one-rank model's parameters (resp. running means, running variances, counters).
@@ -40,7 +40,7 @@
 namespace dptrain::distributed {
 namespace {
 
-constexpr int64_t kGlobalBatch = 32, kSteps = 10;
+constexpr int64_t kGlobalBatch = 32, kSteps = 4;
 constexpr Device kDevice = Device::reference();
 const Shape kSample = {2, 8, 8};
 

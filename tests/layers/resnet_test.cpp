@@ -31,8 +31,9 @@ std::vector<float> uniform(int64_t n, uint64_t seed) {
 // d sum(block(x) * w) / d t for x and every parameter t, against central differences in double.
 // Residual blocks are piecewise smooth: a step that moves a pre-activation across ReLU's kink
 // breaks the difference quotient, and through BN every weight moves a whole channel. eps = 1e-4
-// keeps such crossings rare (none for these fixed inputs; seed 14 of the identity bottleneck had 2
-// of 600); the tolerance covers the loss's float rounding over 2 eps (about 0.01). A wrong term is
+// keeps such crossings rare (seed 14 of the identity bottleneck had 2 of 600), and an element whose
+// central quotient a crossing breaks is judged by its one-sided quotients; the tolerance covers the
+// loss's float rounding over eps (about 0.02). A wrong term is
 // of the gradient's own size (0.1 to 30 here). The exact check of the blocks is against PyTorch
 // (resnet_fixtures_test.cpp).
 void check_block_gradients(Module& block, const Shape& input_shape, uint64_t seed) {
@@ -71,11 +72,23 @@ void check_block_gradients(Module& block, const Shape& input_shape, uint64_t see
       *p = minus;
       const double down = objective(block.forward(x));
       *p = saved;
+      const auto matches = [&](double quotient) {
+        return std::abs(quotient - analytic[i]) <=
+               kAtol + kRtol * std::max(std::abs(quotient), std::abs(static_cast<double>(analytic[i])));
+      };
       const double fd = (up - down) / (static_cast<double>(plus) - minus);
-      if (std::abs(fd - analytic[i]) >
-              kAtol + kRtol * std::max(std::abs(fd), std::abs(static_cast<double>(analytic[i]))) &&
-          ++failures <= 3)
-        ADD_FAILURE() << "tensor " << k << " element " << i << ": analytic " << analytic[i] << " vs " << fd;
+      if (matches(fd)) continue;
+      // A kink inside [x - eps, x + eps] breaks the central quotient (seen for one element of 600
+      // once the test's own code was compiled at -O1: the inputs' last bits moved). Unless kinks
+      // lie on both sides, one one-sided quotient stays on a smooth piece, and a correct gradient
+      // matches it; a wrong term matches neither.
+      const double here = objective(block.forward(x));
+      const double forward = (up - here) / (static_cast<double>(plus) - saved),
+                   backward = (here - down) / (saved - static_cast<double>(minus));
+      if (matches(forward) || matches(backward)) continue;
+      if (++failures <= 3)
+        ADD_FAILURE() << "tensor " << k << " element " << i << ": analytic " << analytic[i] << " vs " << fd
+                      << " (one-sided " << forward << ", " << backward << ")";
     }
     EXPECT_EQ(failures, 0) << "tensor " << k << " of " << t.numel() << " elements";
   }

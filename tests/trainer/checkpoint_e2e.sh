@@ -75,8 +75,9 @@ case "$CASE" in
     # 3200 samples: 50 steps per epoch. Checkpoints every 20 steps; killed after step 70, so the
     # resume (from 60) crosses no checkpoint but the epoch boundary at 100 and two more checkpoints.
     # The sanitizer build: 800 samples in batches of 2 x 16, 25 steps per epoch, checkpoints every
-    # 10, killed after 35, resumed from 30 across the boundary at 50.
-    exact_resume sgd "$(pick 70 35)" "$(pick 60 30)" mnist.json "${SMALL[@]}" \
+    # 10, killed after 35, resumed from 30 across the boundary at 50; each epoch evaluates 200 test
+    # samples, not 2000.
+    exact_resume sgd "$(pick 70 35)" "$(pick 60 30)" mnist.json "${SMALL[@]}" --set data.max_test_samples="$(pick 2000 200)" \
       --set data.max_train_samples="$(pick 3200 800)" --set data.batch_size="$(pick 32 16)" --set training.epochs=3 \
       --set optimizer.type=sgd --set optimizer.lr=0.05 --set optimizer.momentum=0.9 \
       --set optimizer.schedule=cosine --set checkpoint.every_steps="$(pick 20 10)" --set checkpoint.every_epochs=0
