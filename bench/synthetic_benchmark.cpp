@@ -18,7 +18,7 @@
 #include "core/error.h"
 #include "distributed/world.h"
 #include "trainer/config.h"
-#include "trainer/train.h"
+#include "trainer/run.h"
 
 using namespace dptrain;
 

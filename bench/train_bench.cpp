@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "distributed/world.h"
 #include "trainer/config.h"
-#include "trainer/train.h"
+#include "trainer/run.h"
 
 using namespace dptrain;
 
@@ -54,8 +54,7 @@ int main(int argc, char** argv) {
           "%s, %d rank(s) x batch %lld, %d thread(s) per rank, compression %s, fusion %g MiB: median %.0f "
           "samples/s\n",
           config_path.c_str(), world.size(), static_cast<long long>(config.data.batch_size), threads,
-          distributed::to_string(config.distributed.compression).c_str(),
-          config.distributed.fusion_threshold_mb, r.samples_per_sec);
+          config.distributed.compression.c_str(), config.distributed.fusion_threshold_mb, r.samples_per_sec);
       std::printf(
           "per step %.2f ms (mean of %d rank(s)): data %.2f, compute %.2f, communication not overlapped "
           "%.2f, "
@@ -72,7 +71,7 @@ int main(int argc, char** argv) {
           {"ranks", world.size()},
           {"batch", config.data.batch_size},
           {"threads", threads},
-          {"compression", distributed::to_string(config.distributed.compression)},
+          {"compression", config.distributed.compression},
           {"fusion_threshold_mb", config.distributed.fusion_threshold_mb},
           {"overlap", config.distributed.overlap},
           {"parameters", r.parameters},

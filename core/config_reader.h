@@ -53,9 +53,10 @@ class ObjectReader {
   template <typename T>
   static T convert(const Json& value, const std::string& path);
 
- private:
+  // " (in data)": where a missing key was looked for.
   std::string hint() const { return path_.empty() ? "" : " (in " + path_ + ")"; }
 
+ private:
   const Json& object_;
   std::string path_;
   std::set<std::string> used_;

@@ -9,6 +9,19 @@
 
 namespace dptrain::data {
 
+// The config's data.linear and data.synthetic sections: how many samples each split holds.
+struct LinearDataOptions {
+  int64_t samples{};
+  int64_t test_samples{};
+  std::vector<double> coefficients{};
+  double noise{};
+};
+// Horovod's synthetic benchmark data: seeded N(0, 1) images of model.input_shape, uniform labels.
+struct SyntheticDataOptions {
+  int64_t samples{};
+  int64_t test_samples{};
+};
+
 // `samples` rows of features x_j ~ N(j, 1) (means 0, 1, 2, ...) and targets x . coefficients
 // (+ N(0, noise^2)), seeded. sample_shape {features}, one target per sample, no labels.
 Dataset make_linear_dataset(int64_t samples, const std::vector<double>& coefficients, double noise,

@@ -9,34 +9,14 @@
 
 namespace dptrain::distributed {
 
-Compression parse_compression(const std::string& name) {
-  if (name == "none") return Compression::kNone;
-  if (name == "fp16") return Compression::kFp16;
-  if (name == "bf16") return Compression::kBf16;
-  if (name == "powersgd") return Compression::kPowerSgd;
-  DPTRAIN_FAIL("unknown compression \"", name, "\"; use \"none\", \"fp16\", \"bf16\" or \"powersgd\"");
-}
-
-std::string to_string(Compression compression) {
-  switch (compression) {
-    case Compression::kNone:
-      return "none";
-    case Compression::kFp16:
-      return "fp16";
-    case Compression::kBf16:
-      return "bf16";
-    case Compression::kPowerSgd:
-      return "powersgd";
-  }
-  return "?";
-}
-
 GradientReducer::GradientReducer(Communicator& comm, const FlatParameters& parameters, ReducerOptions options)
-    : comm_(comm), parameters_(parameters), backend_(backend_for(parameters.device())), options_(options) {
+    : comm_(comm),
+      parameters_(parameters),
+      backend_(backend_for(parameters.device())),
+      options_(std::move(options)),
+      encoding_(gradient_encoding(options_.encoding)) {
   DPTRAIN_CHECK(options_.fusion_threshold_mb >= 0 && options_.first_bucket_mb >= 0,
                 "distributed.fusion_threshold_mb and first_bucket_mb must be >= 0");
-  DPTRAIN_CHECK(options_.compression != Compression::kPowerSgd,
-                "GradientReducer does not run PowerSGD (distributed/powersgd.h does); pass kNone");
   DPTRAIN_CHECK(comm_.accepts(parameters_.device()), "the communicator cannot reduce gradients in ",
                 parameters_.device().str(), " memory");
   const auto cap_elements = [](double mb) { return static_cast<int64_t>(mb * (1 << 20) / sizeof(float)); };
@@ -56,9 +36,10 @@ GradientReducer::GradientReducer(Communicator& comm, const FlatParameters& param
     buckets_.back().numel += n;
     bucket_of_[k] = buckets_.size() - 1;
   }
-  if (options_.compression != Compression::kNone)
-    flat_half_ =
-        make_storage(sizeof(uint16_t) * std::max<int64_t>(parameters_.size(), 1), parameters_.device());
+  if (encoding_.encode != nullptr)
+    wire_ = make_storage(static_cast<std::size_t>(encoding_.bytes_per_element) *
+                             static_cast<std::size_t>(std::max<int64_t>(parameters_.size(), 1)),
+                         parameters_.device());
   for (const Bucket& bucket : buckets_)
     labels_.push_back("allreduce of gradient bucket " + std::to_string(labels_.size()) + " (" +
                       std::to_string(bucket.numel) + " elements, first parameter " +
@@ -80,12 +61,8 @@ std::span<float> GradientReducer::window(std::size_t b) const {
   return {parameters_.grads().data_ptr() + buckets_[b].offset, static_cast<std::size_t>(buckets_[b].numel)};
 }
 
-std::span<uint16_t> GradientReducer::half_window(std::size_t b) const {
-  return {flat_half_->as<uint16_t>() + buckets_[b].offset, static_cast<std::size_t>(buckets_[b].numel)};
-}
-
-HalfFormat GradientReducer::half_format() const {
-  return options_.compression == Compression::kFp16 ? HalfFormat::kFp16 : HalfFormat::kBf16;
+void* GradientReducer::wire_window(std::size_t b) const {
+  return wire_->as<char>() + buckets_[b].offset * encoding_.bytes_per_element;
 }
 
 void GradientReducer::prepare(int64_t step) {
@@ -121,26 +98,18 @@ void GradientReducer::launch(std::size_t b, bool async) {
   const auto span_name = [&] {
     return timeline::enabled() ? "allreduce bucket " + std::to_string(b) : std::string();
   };
-  if (options_.compression == Compression::kNone) {
-    if (async) {
-      pending_[b] = comm_.start_allreduce(grads, ReduceOp::kSum, label(b), span_name());
-    } else {
-      timeline::Span span("allreduce bucket ", "communication", index);
-      comm_.allreduce(grads, ReduceOp::kSum, label(b));
-    }
-    return;
-  }
-  // Already divided by the world size (loss_scale), so the half-precision sum cannot overflow.
-  const std::span<uint16_t> half = half_window(b);
-  {
+  void* wire = grads.data();
+  if (encoding_.encode != nullptr) {
+    wire = wire_window(b);
     timeline::Span span("compress bucket ", "communication", index);
-    backend_.to_half(grads.data(), half.data(), static_cast<int64_t>(grads.size()), 1.0f, half_format());
+    encoding_.encode(backend_, grads.data(), wire, static_cast<int64_t>(grads.size()));
   }
   if (async) {
-    pending_[b] = comm_.start_allreduce_half(half, half_format(), label(b), span_name());
+    pending_[b] = comm_.start_allreduce_elements(wire, grads.size(), encoding_.wire_type, ReduceOp::kSum,
+                                                 label(b), span_name());
   } else {
     timeline::Span span("allreduce bucket ", "communication", index);
-    comm_.allreduce_half(half, half_format(), label(b));
+    comm_.allreduce_elements(wire, grads.size(), encoding_.wire_type, ReduceOp::kSum, label(b));
   }
 }
 
@@ -158,10 +127,9 @@ void GradientReducer::finish() {
         timeline::Span span("wait for bucket ", "communication", static_cast<int>(b));
         comm_.wait(pending_[b]);
       }
-      if (options_.compression != Compression::kNone) {
+      if (encoding_.decode != nullptr) {
         timeline::Span span("decompress bucket ", "communication", static_cast<int>(b));
-        backend_.from_half(half_window(b).data(), grads.data(), static_cast<int64_t>(grads.size()),
-                           half_format());
+        encoding_.decode(backend_, wire_window(b), grads.data(), static_cast<int64_t>(grads.size()));
       }
     }
     if (!options_.check_finite || backend_.all_finite(grads.data(), static_cast<int64_t>(grads.size())))
@@ -171,10 +139,7 @@ void GradientReducer::finish() {
       const float* g = parameters_.grads().data_ptr() + parameters_.offset(k);
       DPTRAIN_CHECK(backend_.all_finite(g, parameters_.parameters()[k].tensor.numel()),
                     "non-finite averaged gradient in ", parameters_.parameters()[k].name, " (bucket ", b,
-                    ") at step ", step_, "; not applied. Lower optimizer.lr",
-                    options_.compression != Compression::kNone
-                        ? " or set distributed.compression to \"none\" (fp16 overflows past 65504)"
-                        : "");
+                    ") at step ", step_, "; not applied. Lower optimizer.lr", encoding_.overflow_hint);
     }
   }
   // The next step may skip prepare() (no overlap): nothing counts as launched then.

@@ -3,8 +3,8 @@
 // produces them; static buckets are contiguous ranges of it: a small first bucket, then buckets up to
 // the fusion threshold. Reducing a bucket therefore copies nothing. With overlap on, a bucket's
 // allreduce is started from the gradient-ready hook of its last parameter while backward goes on;
-// buckets always launch in index order, so every rank issues identical collectives. fp16/bf16
-// compression reduces a separate half buffer.
+// buckets always launch in index order, so every rank issues identical collectives. A compressing
+// wire encoding (distributed/gradient_encoding.h) reduces a separate buffer in its own format.
 //
 // Averaging: the allreduce sums, and the sum is the average because every rank seeds backward with
 // loss_scale(passes) = 1 / (passes x ranks), which costs nothing; the reducer is the one place that
@@ -19,21 +19,15 @@
 
 #include "core/parameters.h"
 #include "distributed/communicator.h"
+#include "distributed/gradient_encoding.h"
 
 namespace dptrain::distributed {
-
-// kPowerSgd is low-rank compression (distributed/powersgd.h), which the trainer runs in place of this
-// reducer once it starts; GradientReducer itself reduces uncompressed then.
-enum class Compression { kNone, kFp16, kBf16, kPowerSgd };
-
-Compression parse_compression(const std::string& name);  // "none" | "fp16" | "bf16" | "powersgd"
-std::string to_string(Compression compression);
 
 struct ReducerOptions {
   double fusion_threshold_mb = 4;  // 0: one allreduce per tensor
   double first_bucket_mb = 1;
   bool overlap = true;
-  Compression compression = Compression::kNone;
+  std::string encoding = "none";  // a registered wire encoding (distributed/gradient_encoding.h)
   // Stop with an error naming the step, bucket and parameter when an average is Inf or NaN. Costs
   // one read of the gradients per step (on this shared-memory machine ~10% of the allreduce itself;
   // next to a network allreduce, nothing).
@@ -75,18 +69,18 @@ class GradientReducer {
   void on_gradient_ready(std::size_t parameter);
   void launch(std::size_t bucket, bool async);
   std::span<float> window(std::size_t bucket) const;
-  std::span<uint16_t> half_window(std::size_t bucket) const;
   std::string label(std::size_t bucket) const { return labels_[bucket] + std::to_string(step_); }
-  HalfFormat half_format() const;
+  void* wire_window(std::size_t bucket) const;
 
   Communicator& comm_;
   const FlatParameters& parameters_;
   Backend& backend_;
   ReducerOptions options_;
+  const GradientEncoding& encoding_;
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_;  // parameter index -> bucket
   std::vector<std::string> labels_;     // "allreduce of gradient bucket 3 (...) at step "
-  StoragePtr flat_half_;                // fp16/bf16 staging, the gradient buffer's layout
+  StoragePtr wire_;                     // a compressing encoding's buffer, the gradient buffer's layout
   std::vector<Pending> pending_;        // per bucket
   std::vector<bool> launched_;
   std::vector<std::size_t> ready_count_;

@@ -12,10 +12,6 @@ namespace {
 int g_rank = 0;
 }
 
-int current_rank() {
-  return g_rank;
-}
-
 void check_mpi(int code, const char* call, const char* file, int line) {
   if (code == MPI_SUCCESS) [[likely]]
     return;

@@ -31,7 +31,4 @@ class World {
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
 };
 
-// The rank of this process once a World exists (0 before), for error messages.
-int current_rank();
-
 }  // namespace dptrain::distributed

@@ -11,15 +11,14 @@
 
 namespace dptrain::layers {
 
-// Each item of `layers` is an object with a "type" (dense, conv2d, maxpool2d, batchnorm2d,
-// global_avgpool, basic_block, bottleneck, relu, tanh, sigmoid, flatten, dropout) and that type's
-// keys; `path` prefixes error messages ("model.layers").
+// Each item of `layers` is an object with a "type" registered in registry.cpp (layer_type_names():
+// "dense", "conv2d", "batchnorm2d", ...) and that type's keys (its factory, in the layer's own file,
+// reads them); `path` prefixes error messages ("model.layers").
 std::unique_ptr<Sequential> build_sequential(const Json& layers, const Shape& input_shape, uint64_t seed,
                                              const std::string& path = "model.layers");
 
-// "resnet18", "resnet34", "resnet50" (torchvision's layout and initialisation; conv1 takes
-// input_shape[0] channels) or "resnet20" (He et al. 2016, section 4.2, with 1x1-conv shortcuts), with
-// `num_classes` outputs. Tensor names equal torchvision's state_dict keys.
+// An architecture registered in registry.cpp (architecture_names(): the ResNets of resnet.cpp, with
+// torchvision's tensor names) with `num_classes` outputs.
 std::unique_ptr<Sequential> build_architecture(const std::string& architecture, const Shape& input_shape,
                                                int64_t num_classes, uint64_t seed);
 

@@ -17,7 +17,7 @@ BenchmarkResult Trainer::benchmark(const BenchmarkOptions& options) {
       steps = (sampler_.steps_per_epoch() + batches_per_step_ - 1) / batches_per_step_;
       step = 0;
     }
-    run_step(epoch, step++, totals);
+    train_step(epoch, step++, totals);
   };
   StepTotals warmup, timed;
   for (int64_t i = 0; i < options.warmup_steps; ++i) next_step(warmup);
@@ -40,8 +40,7 @@ BenchmarkResult Trainer::benchmark(const BenchmarkOptions& options) {
   result.tensor_allocations = static_cast<int64_t>(storage_stats().fresh_allocations - allocations_before);
   result.parameters = layers::parameter_count(*model_);
   result.training_flops_per_sample = 6 * model_->multiply_adds(train_set_.sample_shape);
-  for (const distributed::Bucket& b : reducer_->buckets())
-    result.bucket_bytes.push_back(b.numel * static_cast<int64_t>(sizeof(float)));
+  result.bucket_bytes = gradient_sync_->bucket_bytes();
   double backward[2] = {timed.backward, timed.forward + timed.backward};
   comm_->allreduce(std::span<double>(backward), distributed::ReduceOp::kSum, "allreduce of backward time");
   result.backward_fraction = backward[0] / std::max(backward[1], 1e-12);

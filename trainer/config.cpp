@@ -1,37 +1,33 @@
-// Config parsing, overrides and the resolved form.
+// Config parsing, overrides and the resolved form: one table of fields per section
+// (core/config_table.h), and the rules between fields in validate().
 #include "trainer/config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <numeric>
 #include <sstream>
 
+#include "core/config_table.h"
 #include "core/error.h"
+#include "data/registry.h"
+#include "distributed/gradient_sync.h"
+#include "optim/registry.h"
 
 namespace dptrain::trainer {
 namespace {
 
-// Each enum's config spellings, in the order error messages list them.
-template <typename E>
-using Names = std::initializer_list<std::pair<const char*, E>>;
+using namespace config_table;
+using Top = SectionBuilder<Config, Config>;
+
 constexpr Names<DeviceKind> kDevices = {
     {"cpu", DeviceKind::kCpu}, {"cuda", DeviceKind::kCuda}, {"auto", DeviceKind::kAuto}};
 constexpr Names<CommBackend> kCommBackends = {
     {"auto", CommBackend::kAuto}, {"nccl", CommBackend::kNccl}, {"mpi", CommBackend::kMpi}};
-constexpr Names<DatasetKind> kDatasets = {{"mnist", DatasetKind::kMnist},
-                                          {"fashion_mnist", DatasetKind::kFashionMnist},
-                                          {"linear", DatasetKind::kLinear},
-                                          {"synthetic", DatasetKind::kSynthetic}};
 constexpr Names<LossKind> kLosses = {{"cross_entropy", LossKind::kCrossEntropy}, {"mse", LossKind::kMse}};
-constexpr Names<OptimizerKind> kOptimizers = {
-    {"sgd", OptimizerKind::kSgd}, {"adam", OptimizerKind::kAdam}, {"adamw", OptimizerKind::kAdamW}};
 constexpr Names<optim::LrScaling> kLrScalings = {{"linear", optim::LrScaling::kLinear},
                                                  {"none", optim::LrScaling::kNone}};
 constexpr Names<optim::Decay> kSchedules = {
     {"constant", optim::Decay::kConstant}, {"step", optim::Decay::kStep}, {"cosine", optim::Decay::kCosine}};
-constexpr Names<distributed::Compression> kCompressions = {{"none", distributed::Compression::kNone},
-                                                           {"fp16", distributed::Compression::kFp16},
-                                                           {"bf16", distributed::Compression::kBf16},
-                                                           {"powersgd", distributed::Compression::kPowerSgd}};
 constexpr Names<OnCheckpointError> kOnCheckpointErrors = {{"stop", OnCheckpointError::kStop},
                                                           {"warn", OnCheckpointError::kWarn}};
 constexpr Names<ProgressMode> kProgressModes = {{"auto", ProgressMode::kAuto},
@@ -39,23 +35,364 @@ constexpr Names<ProgressMode> kProgressModes = {{"auto", ProgressMode::kAuto},
                                                 {"lines", ProgressMode::kLines},
                                                 {"off", ProgressMode::kOff}};
 
-template <typename E>
-std::string name_of(E value, Names<E> names) {
-  for (const auto& [name, v] : names)
-    if (v == value) return name;
-  return "?";
+// ---- Where fields apply -------------------------------------------------------------------------
+
+bool is_sgd(const Config& c) {
+  return c.optimizer.type == "sgd";
+}
+bool has_architecture(const Config& c) {
+  return !c.model.architecture.empty();
 }
 
-// The enum named by `key` (one of `names`), or `fallback` when the key is absent.
-template <typename E>
-E get_enum(ObjectReader& r, const std::string& key, E fallback, Names<E> names) {
-  std::vector<std::string> choices;
-  for (const auto& [name, v] : names) choices.push_back(name);
-  const std::string chosen = r.get_choice(key, name_of(fallback, names), choices);
-  for (const auto& [name, v] : names)
-    if (chosen == name) return v;
-  return fallback;
+const When<Config> kSgdOnly{
+    R"(optimizer.type = "sgd")", is_sgd, [](const std::string&, const Config& c) {
+      return R"(config key optimizer.momentum/dampening/nesterov apply to "sgd" only, not ")" +
+             c.optimizer.type + "\"";
+    }};
+// These three are accepted where they do not apply (a config may switch optimizer or schedule with one
+// --set), but not printed there.
+const When<Config> kAdamFamily{R"(optimizer.type != "sgd")", [](const Config& c) { return !is_sgd(c); },
+                               nullptr};
+const When<Config> kStepSchedule{R"(optimizer.schedule = "step")",
+                                 [](const Config& c) { return c.optimizer.schedule == optim::Decay::kStep; },
+                                 nullptr};
+const When<Config> kCosineSchedule{
+    R"(optimizer.schedule = "cosine")",
+    [](const Config& c) { return c.optimizer.schedule == optim::Decay::kCosine; }, nullptr};
+const When<Config> kLinearData{R"(data.dataset = "linear")",
+                               [](const Config& c) { return c.data.dataset == "linear"; },
+                               rule(R"(applies to data.dataset "linear" only)")};
+const When<Config> kSyntheticData{R"(data.dataset = "synthetic")",
+                                  [](const Config& c) { return c.data.dataset == "synthetic"; },
+                                  rule(R"(applies to data.dataset "synthetic" only)")};
+const When<Config> kNamedArchitecture{
+    R"(model.architecture != "")", has_architecture,
+    rule("applies to model.architecture; a layer list's last layer sets the classes")};
+// "" means "none": the resolved config leaves it out rather than print an empty name.
+const When<Config> kArchitectureShown{R"(model.architecture != "")", has_architecture, nullptr};
+const When<Config> kLayerList{
+    R"(model.architecture = "")", [](const Config& c) { return !has_architecture(c); },
+    [](const std::string&, const Config&) {
+      return std::string("config keys model.layers and model.architecture exclude each other; keep one");
+    }};
+const When<Config> kDeterministic{"distributed.deterministic = true",
+                                  [](const Config& c) { return c.distributed.deterministic; },
+                                  rule("applies with distributed.deterministic = true only")};
+const When<Config> kPowerSgd{R"(distributed.compression = "powersgd" (or distributed.gradient_sync))",
+                             [](const Config& c) { return gradient_sync_of(c) == "powersgd"; },
+                             rule(R"(applies with distributed.compression = "powersgd" only)")};
+
+// "auto", then every registered strategy.
+std::vector<std::string> gradient_sync_choices() {
+  std::vector<std::string> names = {"auto"};
+  for (const std::string& name : distributed::gradient_sync_names()) names.push_back(name);
+  return names;
 }
+
+// ---- Defaults that depend on fields before them, and checks of single values --------------------------
+
+// "`data/mnist` for mnist, ...": each registered format's own folder.
+std::string default_dirs_doc() {
+  std::string doc;
+  for (const std::string& name : data::dataset_names()) {
+    const std::string dir = data::dataset_format(name).default_dir;
+    if (!dir.empty()) doc += (doc.empty() ? "`\"" : ", `\"") + dir + "\"` for " + name;
+  }
+  return doc + "; `\"\"` for generated data";
+}
+
+const auto kDataDir =
+    computed("the format's own folder (data/registry.cpp): " + default_dirs_doc(),
+             [](const Config& c) { return std::string(data::dataset_format(c.data.dataset).default_dir); });
+const auto kLr =
+    computed("`0.01` for sgd, else `0.001`", [](const Config& c) { return is_sgd(c) ? 0.01 : 1e-3; });
+const auto kWeightDecay = computed("`0.01` for adamw, else `0.0`",
+                                   [](const Config& c) { return c.optimizer.type == "adamw" ? 1e-2 : 0.0; });
+const auto kCheckpointDir =
+    computed("`<output_dir>/checkpoints`", [](const Config& c) { return c.output_dir + "/checkpoints"; });
+
+const Check<double> kPositive{"> 0", [](const double& v) {
+                                std::ostringstream s;
+                                if (!(v > 0)) s << " = " << v << " must be > 0";
+                                return s.str();
+                              }};
+const Check<std::string> kNonEmptyText{
+    "non-empty", [](const std::string& v) { return std::string(v.empty() ? " must not be empty" : ""); }};
+const Check<std::vector<double>> kNonEmptyList{"non-empty", [](const std::vector<double>& v) {
+                                                 return std::string(v.empty() ? " must not be empty" : "");
+                                               }};
+const Check<Shape> kShape{"non-empty; every dimension > 0", [](const Shape& shape) -> std::string {
+                            if (shape.empty()) return " must not be empty";
+                            for (int64_t d : shape)
+                              if (d <= 0) return ": dimensions must be > 0";
+                            return "";
+                          }};
+const Check<std::vector<double>> kBetas{"two numbers in [0, 1)", [](const std::vector<double>& b) {
+                                          const bool ok =
+                                              b.size() == 2 && b[0] >= 0 && b[0] < 1 && b[1] >= 0 && b[1] < 1;
+                                          return std::string(ok ? "" : " must be two numbers in [0, 1)");
+                                        }};
+
+// ---- The tables: key, member, default, allowed values, doc[, where it applies] ----------------------
+
+void declare_top(Top t) {
+  t.field("seed", &Config::seed, 0, Range{0, UINT64_MAX}, "Seeds initialisation, shuffling and dropout.");
+  t.field("output_dir", &Config::output_dir, "runs/default", Any{},
+          "Metrics, final weights and (by default) checkpoints go here.");
+  t.field("threads", &Config::threads, 0, Range{0, 1024},
+          "CPU threads per rank; 0: the host's cores / its ranks.");
+  t.field("device", &Config::device, DeviceKind::kCpu, kDevices,
+          "`cuda`: rank r on GPU local_rank; `auto`: CUDA when built and a GPU is present.");
+  auto cuda = t.section("cuda", &Config::cuda, "Switches of the CUDA backend.");
+  cuda.field("tf32", &CudaConfig::tf32, false, Any{}, "TF32 tensor cores for fp32 GEMMs and convolutions.");
+  cuda.field("deterministic", &CudaConfig::deterministic, false, Any{},
+             "Only cuDNN algorithms with run-to-run identical results.");
+}
+
+void declare_data(SectionBuilder<Config, DataConfig> d) {
+  using D = DataConfig;
+  d.field("dataset", &D::dataset, "mnist", Choices{data::dataset_names},
+          "IDX files (`mnist`, `fashion_mnist`), CIFAR binary files (`cifar`), `linear` regression or "
+          "`synthetic` images.");
+  d.field("dir", &D::dir, kDataDir, Any{},
+          "Directory of the data set's files (IDX: `train-images-idx3-ubyte` etc., raw or .gz).");
+  d.field("batch_size", &D::batch_size, 128, Range{1, 1 << 20},
+          "Per rank; the global batch is batch_size x ranks x backward_passes_per_step.");
+  d.field("eval_batch_size", &D::eval_batch_size, 1000, Range{1, 1 << 20},
+          "Evaluation batch (sharded across ranks).");
+  d.field("max_train_samples", &D::max_train_samples, 0, Range{0, INT64_MAX}, "Only the first N; 0: all.");
+  d.field("max_test_samples", &D::max_test_samples, 0, Range{0, INT64_MAX}, "Only the first N; 0: all.");
+  d.field("shuffle", &D::shuffle, true, Any{},
+          "A permutation per epoch from (seed, epoch); false: file order.");
+  d.field("drop_last", &D::drop_last, false, Any{}, "Drop the tail that does not fill a global batch.");
+  d.field("mean", &D::mean, 0.1307, Any{}, "Pixels become (x/255 - mean) / std.");
+  d.field("std", &D::std, 0.3081, kPositive, "See `data.mean`.");
+  auto l = d.section("linear", &D::linear, "Features x_j ~ N(j, 1), target x . coefficients + noise.",
+                     kLinearData);
+  l.field("samples", &LinearDataConfig::samples, 1000, Range{1, 1 << 30}, "Training samples.");
+  l.field("test_samples", &LinearDataConfig::test_samples, 200, Range{1, 1 << 30}, "Test samples.");
+  l.field("coefficients", &LinearDataConfig::coefficients, std::vector<double>{5, 3, 2, 1}, kNonEmptyList,
+          "The true weights; one feature each.");
+  l.field("noise", &LinearDataConfig::noise, 0.0, Range{0.0, 1e6},
+          "Standard deviation of the target's noise.");
+  auto y = d.section("synthetic", &D::synthetic,
+                     "Horovod's benchmark data: seeded N(0, 1) images of model.input_shape, uniform labels.",
+                     kSyntheticData);
+  y.field("samples", &SyntheticDataConfig::samples, 1024, Range{1, 1 << 30}, "Training samples.");
+  y.field("test_samples", &SyntheticDataConfig::test_samples, 256, Range{1, 1 << 30}, "Test samples.");
+}
+
+void declare_model(SectionBuilder<Config, ModelConfig> m) {
+  using M = ModelConfig;
+  m.required(": a model needs input_shape and layers");
+  m.field("input_shape", &M::input_shape, Required{}, kShape,
+          "Per-sample shape, e.g. `[1, 28, 28]`; for an architecture `[C, H, W]`.");
+  m.field(
+      "architecture", &M::architecture, "", Any{},
+      "Instead of `layers`: `resnet18`, `resnet34`, `resnet50` (torchvision's) or `resnet20` (He et al.).",
+      kArchitectureShown);
+  m.field("layers", &M::layers, Required{R"((or name a model.architecture, e.g. "resnet20"))"}, Any{},
+          "List of layers: docs/running.md#models-layers-and-architectures.", kLayerList);
+  m.field("num_classes", &M::num_classes, 10, Range{1, 1 << 24}, "Outputs of the architecture.",
+          kNamedArchitecture);
+  m.field("loss", &M::loss, LossKind::kCrossEntropy, kLosses,
+          "`cross_entropy` (logits, integer labels) or `mse`.");
+  m.field("init_from", &M::init_from, "", Any{},
+          "Safetensors file of the parameters by name (e.g. from PyTorch) or a checkpoint; \"\": none.");
+}
+
+void declare_optimizer(SectionBuilder<Config, OptimizerConfig> o) {
+  using O = OptimizerConfig;
+  o.field("type", &O::type, "adam", Choices{optim::optimizer_names}, "The update rule.");
+  o.field("lr", &O::lr, kLr, Range{0.0, 1e6}, "Base learning rate for one rank (see lr_scaling).");
+  o.field("momentum", &O::momentum, 0.0, Range{0.0, 1.0}, "SGD momentum.", kSgdOnly);
+  o.field("dampening", &O::dampening, 0.0, Range{0.0, 1.0}, "SGD dampening.", kSgdOnly);
+  o.field("nesterov", &O::nesterov, false, Any{}, "Nesterov momentum; needs momentum > 0, dampening 0.",
+          kSgdOnly);
+  o.field("weight_decay", &O::weight_decay, kWeightDecay, Range{0.0, 1e3},
+          "L2 on the gradient; decoupled for adamw.");
+  o.field("betas", &O::betas, std::vector<double>{0.9, 0.999}, kBetas, "Adam's decay rates.", kAdamFamily);
+  o.field("eps", &O::eps, 1e-8, Range{0.0, 1.0}, "Adam's denominator term.", kAdamFamily);
+  o.field("lr_scaling", &O::lr_scaling, optim::LrScaling::kLinear, kLrScalings,
+          "`linear`: lr x ranks x backward_passes_per_step (Goyal et al.).");
+  o.field("warmup_epochs", &O::warmup_epochs, 0.0, Range{0.0, 1e6},
+          "Per batch from lr to the scaled lr over these (fractional) epochs.");
+  o.field("schedule", &O::schedule, optim::Decay::kConstant, kSchedules,
+          "After warmup: `step` (x gamma every step_size_epochs), `cosine` (to min_lr at the end).");
+  o.field("step_size_epochs", &O::step_size_epochs, 1.0, Range{1e-6, 1e6}, "Epochs per decay.",
+          kStepSchedule);
+  o.field("gamma", &O::gamma, 0.1, Range{0.0, 1.0}, "Factor of each decay.", kStepSchedule);
+  o.field("min_lr", &O::min_lr, 0.0, Range{0.0, 1e6}, "Learning rate at the last epoch.", kCosineSchedule);
+}
+
+void declare_training(SectionBuilder<Config, TrainingConfig> t) {
+  using T = TrainingConfig;
+  t.field("epochs", &T::epochs, 1, Range{1, 1 << 20}, "Epochs to train.");
+  t.field("max_steps", &T::max_steps, 0, Range{0, INT64_MAX},
+          "Stop after this many optimizer steps; 0: no limit.");
+  t.field("progress", &T::progress, ProgressMode::kAuto, kProgressModes,
+          "`auto`: a bar on a terminal, lines in logs; `lines` has no carriage returns.");
+  t.field("log_every_steps", &T::log_every_steps, 100, Range{1, INT64_MAX},
+          "Interval of the plain-line progress.");
+}
+
+void declare_distributed(SectionBuilder<Config, DistributedConfig> d) {
+  using D = DistributedConfig;
+  d.field("backend", &D::backend, CommBackend::kAuto, kCommBackends,
+          "`nccl` (GPUs), `mpi` (CPUs; GPUs through host memory); `auto` picks.");
+  d.field("fusion_threshold_mb", &D::fusion_threshold_mb, 4.0, Range{0.0, 1e5},
+          "Gradient bucket size; 0: an allreduce per tensor.");
+  d.field("first_bucket_mb", &D::first_bucket_mb, 1.0, Range{0.0, 1e5},
+          "The first bucket (last layers), small so that communication starts early.");
+  d.field("overlap", &D::overlap, true, Any{}, "Start each bucket's allreduce during backward.");
+  d.field("compression", &D::compression, "none", Choices{distributed::compression_names},
+          "`fp16`, `bf16`: a half-precision sum; `powersgd`: low-rank factors with error feedback (CPU).");
+  d.field("gradient_sync", &D::gradient_sync, "auto", Choices{gradient_sync_choices},
+          "How gradients are averaged: `auto` runs `exact_sum` in deterministic mode, the strategy "
+          "`compression` names (`powersgd`), else `allreduce` in the compression's wire encoding.");
+  d.field("backward_passes_per_step", &D::backward_passes_per_step, 1, Range{1, 1 << 16},
+          "Accumulate k batches locally, then reduce once.");
+  d.field("check_finite", &D::check_finite, true, Any{},
+          "Stop naming step, bucket, parameter on an Inf/NaN average.");
+  d.field("sync_batchnorm", &D::sync_batchnorm, false, Any{},
+          "BatchNorm statistics over every rank's batch.");
+  d.field("broadcast_buffers", &D::broadcast_buffers, true, Any{},
+          "Without SyncBN: rank 0's BatchNorm buffers to every rank before each step (DDP's default).");
+  d.field("deterministic", &D::deterministic, false, Any{},
+          "The same bits on any number of ranks and threads.");
+  d.field("deterministic_micro_batch", &D::deterministic_micro_batch, 32, Range{1, 1 << 30},
+          "Samples per micro-batch; divides data.batch_size.", kDeterministic);
+  auto p = d.section("powersgd", &D::powersgd, "PowerSGD's settings.", kPowerSgd);
+  p.field("rank", &D::PowerSgd::rank, 2, Range{1, 1 << 20}, "Rank of each gradient matrix's approximation.");
+  p.field("start_step", &D::PowerSgd::start_step, 100, Range{0, INT64_MAX},
+          "Plain allreduce before this global step (PyTorch's start_powerSGD_iter).");
+  p.field("min_compression_rate", &D::PowerSgd::min_compression_rate, 2.0, Range{0.0, 1e9},
+          "Compress a tensor only if its factors are this many times smaller.");
+  d.field("stall_warning_s", &D::stall_warning_s, 60.0, Range{0.0, 1e9},
+          "Warn about a collective this late; 0: off.");
+  d.field("stall_abort_s", &D::stall_abort_s, 0.0, Range{0.0, 1e9},
+          "Abort on a collective this late; 0: never.");
+  d.field("timeline", &D::timeline, "", Any{},
+          "Chrome-trace JSON of every rank, written by rank 0; \"\": off.");
+}
+
+void declare_checkpoint(SectionBuilder<Config, CheckpointConfig> k) {
+  using K = CheckpointConfig;
+  k.field("dir", &K::dir, kCheckpointDir, kNonEmptyText, "Where rank 0 writes checkpoints.");
+  k.field("every_epochs", &K::every_epochs, 1, Range{0, INT64_MAX}, "Every N epochs; 0: not by epoch.");
+  k.field("every_steps", &K::every_steps, 0, Range{0, INT64_MAX}, "Every N optimizer steps; 0: not by step.");
+  k.field("keep", &K::keep, 3, Range{0, INT64_MAX},
+          "Newest N kept; 0: all. One is always written at the end.");
+  k.field("on_error", &K::on_error, OnCheckpointError::kStop, kOnCheckpointErrors,
+          "A failed write: `stop` the job with a failure status, or `warn` and retry at the next one.");
+}
+
+const Section<Config>& table() {
+  static const Table<Config> table = [] {
+    Table<Config> t("The config object's own keys.");
+    Top top = t.root();
+    declare_top(top);
+    declare_data(top.section("data", &Config::data, "What the run trains and evaluates on."));
+    declare_model(top.section("model", &Config::model, "The network and its loss."));
+    declare_optimizer(
+        top.section("optimizer", &Config::optimizer, "Update rule and learning-rate schedule."));
+    declare_training(
+        top.section("training", &Config::training, "Length of the run and its progress output."));
+    declare_distributed(top.section("distributed", &Config::distributed, "Gradient reduction across ranks."));
+    declare_checkpoint(top.section("checkpoint", &Config::checkpoint, "Checkpoints for --resume."));
+    return t;
+  }();
+  return table.section();
+}
+
+// What "auto" picks.
+std::string automatic_gradient_sync(const DistributedConfig& d) {
+  if (d.deterministic) return "exact_sum";
+  const std::vector<std::string> strategies = distributed::gradient_sync_names();
+  return std::ranges::find(strategies, d.compression) != strategies.end() ? d.compression : "allreduce";
+}
+
+}  // namespace
+
+std::string gradient_sync_of(const Config& c) {
+  const DistributedConfig& d = c.distributed;
+  return d.gradient_sync == "auto" ? automatic_gradient_sync(d) : d.gradient_sync;
+}
+
+namespace {
+
+// ---- Rules between fields ------------------------------------------------------------------------
+
+// Listed on the reference page; each is a check in validate() below.
+const char* const kRulesDoc = R"(
+## Rules between keys
+
+- `optimizer.nesterov` needs `optimizer.momentum` > 0 and `optimizer.dampening` 0.
+- `distributed.backend` `"nccl"` needs `device` `"cuda"` or `"auto"`.
+- `distributed.deterministic`: `distributed.deterministic_micro_batch` divides `data.batch_size`;
+  `distributed.compression` is `"none"`; `distributed.sync_batchnorm` is false; `device` is `"cpu"`.
+- `distributed.compression` `"powersgd"` runs on `device` `"cpu"` (or `"auto"` landing on the CPU).
+- `distributed.gradient_sync`: `"exact_sum"` exactly when `distributed.deterministic`; with a
+  `distributed.compression` other than `"none"`, `"auto"` or the strategy it runs with.
+)";
+
+void validate_deterministic(const Config& c) {
+  const DistributedConfig& d = c.distributed;
+  DPTRAIN_CHECK(c.data.batch_size % d.deterministic_micro_batch == 0,
+                "config key distributed.deterministic_micro_batch = ", d.deterministic_micro_batch,
+                " does not divide data.batch_size = ", c.data.batch_size,
+                "; pick a divisor of every per-rank batch you will run with (e.g. ",
+                std::gcd(c.data.batch_size, d.deterministic_micro_batch), ")");
+  DPTRAIN_CHECK(d.compression == "none",
+                "config keys distributed.deterministic and distributed.compression = \"", d.compression,
+                "\" exclude each other: a compressed sum rounds differently for each grouping of "
+                "ranks; set compression to \"none\"");
+  DPTRAIN_CHECK(!d.sync_batchnorm,
+                "config keys distributed.deterministic and distributed.sync_batchnorm exclude each "
+                "other: BatchNorm statistics would depend on which rank holds which micro-batch");
+  DPTRAIN_CHECK(c.device == DeviceKind::kCpu,
+                "config key distributed.deterministic runs on device \"cpu\" only, not \"",
+                to_string(c.device), "\"");
+}
+
+void validate(const Config& c) {
+  DPTRAIN_CHECK(!c.optimizer.nesterov || (c.optimizer.momentum > 0 && c.optimizer.dampening == 0),
+                "config key optimizer.nesterov needs momentum > 0 and dampening 0");
+  const DistributedConfig& d = c.distributed;
+  DPTRAIN_CHECK(d.backend != CommBackend::kNccl || c.device != DeviceKind::kCpu,
+                "config key distributed.backend = \"nccl\" needs device \"cuda\" (or \"auto\"); NCCL reduces "
+                "GPU buffers");
+  if (d.deterministic) validate_deterministic(c);
+  const std::string sync = gradient_sync_of(c);
+  DPTRAIN_CHECK((sync == "exact_sum") == d.deterministic, "config key distributed.gradient_sync = \"",
+                d.gradient_sync, "\" ",
+                d.deterministic ? "does not run distributed.deterministic, which needs \"exact_sum\""
+                                : "(the exact sum) needs distributed.deterministic = true",
+                "; use \"auto\"");
+  DPTRAIN_CHECK(d.compression == "none" || sync == automatic_gradient_sync(d),
+                "config key distributed.compression = \"", d.compression,
+                "\" runs with distributed.gradient_sync \"", automatic_gradient_sync(d),
+                "\" (or \"auto\"), not \"", d.gradient_sync, "\"");
+  // "auto" may still land on the CPU; PowerSgdReducer refuses GPU buffers if it does not.
+  DPTRAIN_CHECK(
+      sync != "powersgd" || c.device != DeviceKind::kCuda,
+      "config key distributed.compression = \"powersgd\" runs on device \"cpu\" only in this version, not \"",
+      to_string(c.device), "\"; use \"fp16\" or \"bf16\" on GPUs");
+}
+
+const char* const kReferencePreamble = R"(# Config reference
+
+<!-- Generated from the field tables in trainer/config.cpp; do not edit. Regenerate with
+     build/trainer --print-config-reference > docs/config.md
+     (trainer_tests' ConfigReference.CheckedInPageIsCurrent fails while this page is stale). -->
+
+A config is one JSON object (comments allowed). `--set key.path=VALUE` sets any key below from the
+command line; `--print-config` prints the resolved config, every default filled in. Unknown keys,
+wrong types and values outside "Allowed" are errors naming the key.
+
+"Applies when": a key given where its condition fails is an error, unless marked "ignored
+otherwise"; either way the resolved config leaves it out there.
+)";
 
 }  // namespace
 
@@ -65,14 +402,8 @@ std::string to_string(DeviceKind kind) {
 std::string to_string(CommBackend kind) {
   return name_of(kind, kCommBackends);
 }
-std::string to_string(DatasetKind kind) {
-  return name_of(kind, kDatasets);
-}
 std::string to_string(LossKind kind) {
   return name_of(kind, kLosses);
-}
-std::string to_string(OptimizerKind kind) {
-  return name_of(kind, kOptimizers);
 }
 
 Json read_json_file(const std::string& path) {
@@ -120,295 +451,27 @@ void apply_override(Json& config, const std::string& assignment) {
 }
 
 Config parse_config(const Json& json) {
-  Config c;
-  ObjectReader root(json, "");
-  c.seed = root.get_in_range<uint64_t>("seed", 0, 0, UINT64_MAX);
-  c.output_dir = root.get<std::string>("output_dir", c.output_dir);
-  c.threads = root.get_in_range("threads", 0, 0, 1024);
-  c.device = get_enum(root, "device", c.device, kDevices);
-  if (root.has("cuda")) {
-    ObjectReader r(root.raw("cuda"), "cuda");
-    c.cuda.tf32 = r.get<bool>("tf32", c.cuda.tf32);
-    c.cuda.deterministic = r.get<bool>("deterministic", c.cuda.deterministic);
-    r.finish();
-  }
-
-  if (root.has("data")) {
-    ObjectReader r(root.raw("data"), "data");
-    DataConfig& d = c.data;
-    d.dataset = get_enum(r, "dataset", d.dataset, kDatasets);
-    d.dir = r.get<std::string>(
-        "dir", d.dataset == DatasetKind::kMnist ? "data/mnist" : "/usr/share/datasets/fashion-mnist");
-    d.batch_size = r.get_in_range<int64_t>("batch_size", d.batch_size, 1, 1 << 20);
-    d.eval_batch_size = r.get_in_range<int64_t>("eval_batch_size", d.eval_batch_size, 1, 1 << 20);
-    d.max_train_samples = r.get_in_range<int64_t>("max_train_samples", 0, 0, INT64_MAX);
-    d.max_test_samples = r.get_in_range<int64_t>("max_test_samples", 0, 0, INT64_MAX);
-    d.shuffle = r.get<bool>("shuffle", d.shuffle);
-    d.drop_last = r.get<bool>("drop_last", d.drop_last);
-    d.mean = r.get<double>("mean", d.mean);
-    d.std = r.get<double>("std", d.std);
-    DPTRAIN_CHECK(d.std > 0, "config key data.std = ", d.std, " must be > 0");
-    if (r.has("linear")) {
-      DPTRAIN_CHECK(d.dataset == DatasetKind::kLinear,
-                    "config key data.linear applies to data.dataset \"linear\" only");
-      ObjectReader l(r.raw("linear"), "data.linear");
-      d.linear.samples = l.get_in_range<int64_t>("samples", d.linear.samples, 1, 1 << 30);
-      d.linear.test_samples = l.get_in_range<int64_t>("test_samples", d.linear.test_samples, 1, 1 << 30);
-      d.linear.coefficients = l.get<std::vector<double>>("coefficients", d.linear.coefficients);
-      DPTRAIN_CHECK(!d.linear.coefficients.empty(), "config key data.linear.coefficients must not be empty");
-      d.linear.noise = l.get_in_range("noise", d.linear.noise, 0.0, 1e6);
-      l.finish();
-    }
-    if (r.has("synthetic")) {
-      DPTRAIN_CHECK(d.dataset == DatasetKind::kSynthetic,
-                    "config key data.synthetic applies to data.dataset \"synthetic\" only");
-      ObjectReader y(r.raw("synthetic"), "data.synthetic");
-      d.synthetic.samples = y.get_in_range<int64_t>("samples", d.synthetic.samples, 1, 1 << 30);
-      d.synthetic.test_samples =
-          y.get_in_range<int64_t>("test_samples", d.synthetic.test_samples, 1, 1 << 30);
-      y.finish();
-    }
-    r.finish();
-  } else {
-    c.data.dir = "data/mnist";
-  }
-
-  DPTRAIN_CHECK(root.has("model"), "config key model is missing: a model needs input_shape and layers");
-  {
-    ObjectReader r(root.raw("model"), "model");
-    c.model.input_shape = r.require<std::vector<int64_t>>("input_shape");
-    DPTRAIN_CHECK(!c.model.input_shape.empty(), "config key model.input_shape must not be empty");
-    for (int64_t d : c.model.input_shape)
-      DPTRAIN_CHECK(d > 0, "config key model.input_shape: dimensions must be > 0");
-    c.model.architecture = r.get<std::string>("architecture", "");
-    DPTRAIN_CHECK(r.has("layers") != !c.model.architecture.empty(),
-                  r.has("layers")
-                      ? "config keys model.layers and model.architecture exclude each other; keep one"
-                      : "config key model.layers is missing (or name a model.architecture, e.g. "
-                        "\"resnet20\")");
-    if (r.has("layers")) c.model.layers = r.raw("layers");
-    if (!c.model.architecture.empty()) {
-      c.model.num_classes = r.get_in_range<int64_t>("num_classes", c.model.num_classes, 1, 1 << 24);
-    } else {
-      DPTRAIN_CHECK(
-          !r.has("num_classes"),
-          "config key model.num_classes applies to model.architecture; a layer list's last layer sets "
-          "the classes");
-    }
-    c.model.loss = get_enum(r, "loss", c.model.loss, kLosses);
-    c.model.init_from = r.get<std::string>("init_from", "");
-    r.finish();
-  }
-
-  if (root.has("optimizer")) {
-    ObjectReader r(root.raw("optimizer"), "optimizer");
-    OptimizerConfig& o = c.optimizer;
-    o.type = get_enum(r, "type", o.type, kOptimizers);
-    const bool sgd = o.type == OptimizerKind::kSgd;
-    o.lr = r.get_in_range("lr", sgd ? 0.01 : 1e-3, 0.0, 1e6);
-    o.momentum = r.get_in_range("momentum", o.momentum, 0.0, 1.0);
-    o.dampening = r.get_in_range("dampening", o.dampening, 0.0, 1.0);
-    o.nesterov = r.get<bool>("nesterov", o.nesterov);
-    o.weight_decay = r.get_in_range("weight_decay", o.type == OptimizerKind::kAdamW ? 1e-2 : 0.0, 0.0, 1e3);
-    o.betas = r.get<std::vector<double>>("betas", o.betas);
-    DPTRAIN_CHECK(
-        o.betas.size() == 2 && o.betas[0] >= 0 && o.betas[0] < 1 && o.betas[1] >= 0 && o.betas[1] < 1,
-        "config key optimizer.betas must be two numbers in [0, 1)");
-    o.eps = r.get_in_range("eps", o.eps, 0.0, 1.0);
-    DPTRAIN_CHECK(sgd || (!r.has("momentum") && !r.has("dampening") && !r.has("nesterov")),
-                  "config key optimizer.momentum/dampening/nesterov apply to \"sgd\" only, not \"",
-                  to_string(o.type), "\"");
-    DPTRAIN_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
-                  "config key optimizer.nesterov needs momentum > 0 and dampening 0");
-    o.lr_scaling = get_enum(r, "lr_scaling", o.lr_scaling, kLrScalings);
-    o.warmup_epochs = r.get_in_range("warmup_epochs", o.warmup_epochs, 0.0, 1e6);
-    o.schedule = get_enum(r, "schedule", o.schedule, kSchedules);
-    o.step_size_epochs = r.get_in_range("step_size_epochs", o.step_size_epochs, 1e-6, 1e6);
-    o.gamma = r.get_in_range("gamma", o.gamma, 0.0, 1.0);
-    o.min_lr = r.get_in_range("min_lr", o.min_lr, 0.0, 1e6);
-    r.finish();
-  }
-
-  if (root.has("training")) {
-    ObjectReader r(root.raw("training"), "training");
-    TrainingConfig& t = c.training;
-    t.epochs = r.get_in_range<int64_t>("epochs", t.epochs, 1, 1 << 20);
-    t.max_steps = r.get_in_range<int64_t>("max_steps", t.max_steps, 0, INT64_MAX);
-    t.progress = get_enum(r, "progress", t.progress, kProgressModes);
-    t.log_every_steps = r.get_in_range<int64_t>("log_every_steps", t.log_every_steps, 1, INT64_MAX);
-    r.finish();
-  }
-  if (root.has("distributed")) {
-    ObjectReader r(root.raw("distributed"), "distributed");
-    DistributedConfig& d = c.distributed;
-    d.backend = get_enum(r, "backend", d.backend, kCommBackends);
-    DPTRAIN_CHECK(
-        d.backend != CommBackend::kNccl || c.device != DeviceKind::kCpu,
-        "config key distributed.backend = \"nccl\" needs device \"cuda\" (or \"auto\"); NCCL reduces GPU "
-        "buffers");
-    d.fusion_threshold_mb = r.get_in_range("fusion_threshold_mb", d.fusion_threshold_mb, 0.0, 1e5);
-    d.first_bucket_mb = r.get_in_range("first_bucket_mb", d.first_bucket_mb, 0.0, 1e5);
-    d.overlap = r.get<bool>("overlap", d.overlap);
-    d.compression = get_enum(r, "compression", d.compression, kCompressions);
-    d.backward_passes_per_step = r.get_in_range<int64_t>("backward_passes_per_step", 1, 1, 1 << 16);
-    d.check_finite = r.get<bool>("check_finite", d.check_finite);
-    d.sync_batchnorm = r.get<bool>("sync_batchnorm", d.sync_batchnorm);
-    d.broadcast_buffers = r.get<bool>("broadcast_buffers", d.broadcast_buffers);
-    d.deterministic = r.get<bool>("deterministic", d.deterministic);
-    d.deterministic_micro_batch =
-        r.get_in_range<int64_t>("deterministic_micro_batch", d.deterministic_micro_batch, 1, 1 << 30);
-    if (d.deterministic) {
-      DPTRAIN_CHECK(c.data.batch_size % d.deterministic_micro_batch == 0,
-                    "config key distributed.deterministic_micro_batch = ", d.deterministic_micro_batch,
-                    " does not divide data.batch_size = ", c.data.batch_size,
-                    "; pick a divisor of every per-rank batch you will run with (e.g. ",
-                    std::gcd(c.data.batch_size, d.deterministic_micro_batch), ")");
-      DPTRAIN_CHECK(d.compression == distributed::Compression::kNone,
-                    "config keys distributed.deterministic and distributed.compression = \"",
-                    name_of(d.compression, kCompressions),
-                    "\" exclude each other: a compressed sum rounds differently for each grouping of "
-                    "ranks; set compression to \"none\"");
-      DPTRAIN_CHECK(!d.sync_batchnorm,
-                    "config keys distributed.deterministic and distributed.sync_batchnorm exclude each "
-                    "other: BatchNorm statistics would depend on which rank holds which micro-batch");
-      DPTRAIN_CHECK(c.device == DeviceKind::kCpu,
-                    "config key distributed.deterministic runs on device \"cpu\" only, not \"",
-                    to_string(c.device), "\"");
-    } else {
-      DPTRAIN_CHECK(!r.has("deterministic_micro_batch"),
-                    "config key distributed.deterministic_micro_batch applies with distributed.deterministic "
-                    "= true only");
-    }
-    if (r.has("powersgd")) {
-      DPTRAIN_CHECK(
-          d.compression == distributed::Compression::kPowerSgd,
-          "config key distributed.powersgd applies with distributed.compression = \"powersgd\" only");
-      ObjectReader p(r.raw("powersgd"), "distributed.powersgd");
-      d.powersgd.rank = p.get_in_range<int64_t>("rank", d.powersgd.rank, 1, 1 << 20);
-      d.powersgd.start_step = p.get_in_range<int64_t>("start_step", d.powersgd.start_step, 0, INT64_MAX);
-      d.powersgd.min_compression_rate =
-          p.get_in_range("min_compression_rate", d.powersgd.min_compression_rate, 0.0, 1e9);
-      p.finish();
-    }
-    if (d.compression == distributed::Compression::kPowerSgd)
-      // "auto" may still land on the CPU; PowerSgdReducer refuses GPU buffers if it does not.
-      DPTRAIN_CHECK(c.device != DeviceKind::kCuda,
-                    "config key distributed.compression = \"powersgd\" runs on device \"cpu\" only in this "
-                    "version, not \"",
-                    to_string(c.device), "\"; use \"fp16\" or \"bf16\" on GPUs");
-    d.stall_warning_s = r.get_in_range("stall_warning_s", d.stall_warning_s, 0.0, 1e9);
-    d.stall_abort_s = r.get_in_range("stall_abort_s", d.stall_abort_s, 0.0, 1e9);
-    d.timeline = r.get<std::string>("timeline", d.timeline);
-    r.finish();
-  }
-  c.checkpoint.dir = c.output_dir + "/checkpoints";
-  if (root.has("checkpoint")) {
-    ObjectReader r(root.raw("checkpoint"), "checkpoint");
-    CheckpointConfig& k = c.checkpoint;
-    k.dir = r.get<std::string>("dir", k.dir);
-    DPTRAIN_CHECK(!k.dir.empty(), "config key checkpoint.dir must not be empty");
-    k.every_epochs = r.get_in_range<int64_t>("every_epochs", k.every_epochs, 0, INT64_MAX);
-    k.every_steps = r.get_in_range<int64_t>("every_steps", k.every_steps, 0, INT64_MAX);
-    k.keep = r.get_in_range<int64_t>("keep", k.keep, 0, INT64_MAX);
-    k.on_error = get_enum(r, "on_error", k.on_error, kOnCheckpointErrors);
-    r.finish();
-  }
-  root.finish();
+  Config c{};
+  read_section(table(), json, c);
+  validate(c);
   return c;
 }
 
 Json to_json(const Config& c) {
-  Json out = {
-      {"seed", c.seed},
-      {"output_dir", c.output_dir},
-      {"threads", c.threads},
-      {"device", to_string(c.device)},
-      {"cuda", {{"tf32", c.cuda.tf32}, {"deterministic", c.cuda.deterministic}}},
-      {"data",
-       {{"dataset", to_string(c.data.dataset)},
-        {"dir", c.data.dir},
-        {"batch_size", c.data.batch_size},
-        {"eval_batch_size", c.data.eval_batch_size},
-        {"max_train_samples", c.data.max_train_samples},
-        {"max_test_samples", c.data.max_test_samples},
-        {"shuffle", c.data.shuffle},
-        {"drop_last", c.data.drop_last},
-        {"mean", c.data.mean},
-        {"std", c.data.std}}},
-      {"model",
-       {{"input_shape", c.model.input_shape},
-        {"loss", to_string(c.model.loss)},
-        {"init_from", c.model.init_from}}},
-      {"optimizer", c.optimizer.type == OptimizerKind::kSgd
-                        ? Json{{"type", to_string(c.optimizer.type)},
-                               {"lr", c.optimizer.lr},
-                               {"momentum", c.optimizer.momentum},
-                               {"dampening", c.optimizer.dampening},
-                               {"nesterov", c.optimizer.nesterov},
-                               {"weight_decay", c.optimizer.weight_decay}}
-                        : Json{{"type", to_string(c.optimizer.type)},
-                               {"lr", c.optimizer.lr},
-                               {"betas", c.optimizer.betas},
-                               {"eps", c.optimizer.eps},
-                               {"weight_decay", c.optimizer.weight_decay}}},
-      {"training",
-       {{"epochs", c.training.epochs},
-        {"max_steps", c.training.max_steps},
-        {"progress", name_of(c.training.progress, kProgressModes)},
-        {"log_every_steps", c.training.log_every_steps}}},
-      {"distributed",
-       {{"backend", to_string(c.distributed.backend)},
-        {"fusion_threshold_mb", c.distributed.fusion_threshold_mb},
-        {"first_bucket_mb", c.distributed.first_bucket_mb},
-        {"overlap", c.distributed.overlap},
-        {"compression", name_of(c.distributed.compression, kCompressions)},
-        {"backward_passes_per_step", c.distributed.backward_passes_per_step},
-        {"check_finite", c.distributed.check_finite},
-        {"sync_batchnorm", c.distributed.sync_batchnorm},
-        {"broadcast_buffers", c.distributed.broadcast_buffers},
-        {"deterministic", c.distributed.deterministic},
-        {"stall_warning_s", c.distributed.stall_warning_s},
-        {"stall_abort_s", c.distributed.stall_abort_s},
-        {"timeline", c.distributed.timeline}}},
-      {"checkpoint",
-       {{"dir", c.checkpoint.dir},
-        {"every_epochs", c.checkpoint.every_epochs},
-        {"every_steps", c.checkpoint.every_steps},
-        {"keep", c.checkpoint.keep},
-        {"on_error", name_of(c.checkpoint.on_error, kOnCheckpointErrors)}}},
-  };
-  Json& o = out["optimizer"];
-  o["lr_scaling"] = name_of(c.optimizer.lr_scaling, kLrScalings);
-  o["warmup_epochs"] = c.optimizer.warmup_epochs;
-  o["schedule"] = name_of(c.optimizer.schedule, kSchedules);
-  if (c.optimizer.schedule == optim::Decay::kStep) {
-    o["step_size_epochs"] = c.optimizer.step_size_epochs;
-    o["gamma"] = c.optimizer.gamma;
-  }
-  if (c.optimizer.schedule == optim::Decay::kCosine) o["min_lr"] = c.optimizer.min_lr;
-  if (c.model.architecture.empty()) {
-    out["model"]["layers"] = c.model.layers;
-  } else {
-    out["model"]["architecture"] = c.model.architecture;
-    out["model"]["num_classes"] = c.model.num_classes;
-  }
-  if (c.data.dataset == DatasetKind::kSynthetic)
-    out["data"]["synthetic"] = {{"samples", c.data.synthetic.samples},
-                                {"test_samples", c.data.synthetic.test_samples}};
-  if (c.data.dataset == DatasetKind::kLinear) {
-    out["data"]["linear"] = {{"samples", c.data.linear.samples},
-                             {"test_samples", c.data.linear.test_samples},
-                             {"coefficients", c.data.linear.coefficients},
-                             {"noise", c.data.linear.noise}};
-  }
-  // Only with the mode on: the key is an error without it, and the resolved config must parse back.
-  if (c.distributed.deterministic)
-    out["distributed"]["deterministic_micro_batch"] = c.distributed.deterministic_micro_batch;
-  if (c.distributed.compression == distributed::Compression::kPowerSgd)
-    out["distributed"]["powersgd"] = {{"rank", c.distributed.powersgd.rank},
-                                      {"start_step", c.distributed.powersgd.start_step},
-                                      {"min_compression_rate", c.distributed.powersgd.min_compression_rate}};
-  return out;
+  return write_section(table(), c);
+}
+
+std::string config_reference_markdown() {
+  std::vector<SectionDoc> sections;
+  describe(table(), sections);
+  return render_reference(sections, kReferencePreamble) + kRulesDoc;
+}
+
+std::string config_fuzz_dictionary() {
+  std::vector<SectionDoc> sections;
+  describe(table(), sections);
+  return "# BEGIN generated from the config table: trainer --print-config-reference=dict\n" +
+         render_fuzz_dictionary(sections) + "# END generated\n";
 }
 
 }  // namespace dptrain::trainer

@@ -4,23 +4,47 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 
 #include "core/error.h"
 #include "distributed/world.h"
 #include "trainer/config.h"
+#include "trainer/run.h"
 #include "trainer/stop_signals.h"
-#include "trainer/train.h"
 
 using namespace dptrain;
 
+namespace {
+
+// --print-config-reference[=dict]: docs/config.md, or the generated block of tests/fuzz/config.dict.
+void add_reference_option(CLI::App& app, std::string& format) {
+  app.add_flag("--print-config-reference{markdown}", format,
+               "print the config reference (docs/config.md; =dict: the fuzz dictionary's keys) and exit")
+      ->check(CLI::IsMember({"markdown", "dict"}));
+}
+
+// The reference needs neither a config nor MPI; anything else needs --config. nullopt: go on.
+std::optional<int> exit_without_config(CLI::App& app, const std::string& config_path,
+                                       const std::string& format) {
+  if (format.empty() && !config_path.empty()) return std::nullopt;
+  if (format.empty())
+    return app.exit(CLI::RequiredError("--config is required (or --print-config-reference)",
+                                       static_cast<int>(CLI::ExitCodes::RequiredError)));
+  std::cout << (format == "dict" ? trainer::config_fuzz_dictionary() : trainer::config_reference_markdown());
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"dptrain: data-parallel trainer. Run under mpirun -np N for N ranks."};
-  std::string config_path;
+  std::string config_path, reference_format;
   std::vector<std::string> overrides;
   bool print_config = false;
   trainer::RunOptions run_options;
   std::string evaluate_path;
-  app.add_option("--config", config_path, "JSON config file (see configs/ and the README)")->required();
+  app.add_option("--config", config_path, "JSON config file (see configs/ and the README)");
+  add_reference_option(app, reference_format);
   app.add_option("--set", overrides, "override a config key: --set key.path=JSON (repeatable)")
       ->take_all()
       ->expected(1)
@@ -38,6 +62,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  if (const auto status = exit_without_config(app, config_path, reference_format)) return *status;
 
   distributed::World world(&argc, &argv);
   try {

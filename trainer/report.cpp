@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/timeline.h"
+#include "data/registry.h"
 
 namespace dptrain::trainer {
 namespace {
@@ -29,26 +30,19 @@ void print_summary(const Config& config, const RunSummary& s) {
       static_cast<unsigned long long>(s.parameters_checksum));
   std::printf("model: %lld parameters\n%s", static_cast<long long>(s.parameters),
               s.model_description.c_str());
-  const std::string source = config.data.dataset == DatasetKind::kLinear      ? "linear (synthetic)"
-                             : config.data.dataset == DatasetKind::kSynthetic ? "random images (synthetic)"
-                                                                              : config.data.dir;
+  const std::string named = data::dataset_format(config.data.dataset).source;
+  const std::string source = named.empty() ? config.data.dir : named;
   std::printf("data: %s, %lld training and %lld test samples; batch %lld per rank (%lld global)",
               source.c_str(), static_cast<long long>(s.train_samples), static_cast<long long>(s.test_samples),
               static_cast<long long>(config.data.batch_size), static_cast<long long>(s.global_batch));
   std::printf(", %lld steps per epoch\n", static_cast<long long>(s.steps_per_epoch));
-  if (config.distributed.deterministic) {
+  if (!s.gradient_sync.empty()) {
+    const std::size_t end_of_line = s.gradient_sync.find('\n');
     std::printf(
-        "gradients: deterministic, micro-batches of %lld samples summed in 64-bit fixed point; "
-        "lr %g scaled to %g\n",
-        static_cast<long long>(config.distributed.deterministic_micro_batch), config.optimizer.lr,
-        s.scaled_lr);
-  } else if (s.ranks > 1) {
-    std::printf(
-        "gradients: %zu bucket(s), fusion threshold %g MiB, overlap %s, compression %s; lr %g scaled to %g\n",
-        s.buckets, config.distributed.fusion_threshold_mb, config.distributed.overlap ? "on" : "off",
-        distributed::to_string(config.distributed.compression).c_str(), config.optimizer.lr, s.scaled_lr);
+        "gradients: %s; lr %g scaled to %g\n%s", s.gradient_sync.substr(0, end_of_line).c_str(),
+        config.optimizer.lr, s.scaled_lr,
+        end_of_line == std::string::npos ? "" : (s.gradient_sync.substr(end_of_line + 1) + "\n").c_str());
   }
-  if (!s.powersgd.empty()) std::printf("powersgd: %s\n", s.powersgd.c_str());
   const CheckpointConfig& k = config.checkpoint;
   std::string every;
   if (k.every_steps > 0) every = std::to_string(k.every_steps) + " step(s)";

@@ -8,7 +8,7 @@
 
 #include "distributed/communicator.h"
 #include "trainer/config.h"
-#include "trainer/train.h"
+#include "trainer/run.h"
 
 namespace dptrain::trainer {
 
@@ -21,8 +21,7 @@ struct RunSummary {
   std::string model_description;
   int64_t train_samples = 0, test_samples = 0;
   int64_t global_batch = 0, steps_per_epoch = 0;
-  std::size_t buckets = 0;
-  std::string powersgd;  // with compression "powersgd": what it compresses and how much
+  std::string gradient_sync;  // its description, line by line ("" when there is nothing to say)
   double scaled_lr = 0;
   bool already_complete = false;
   int64_t global_step = 0;

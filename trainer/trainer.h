@@ -1,6 +1,7 @@
 // Trainer: one training run on this process's rank, from building the model to the final weights.
-// Internal to trainer/ (train.h is the interface): train.cpp holds the loop and the step,
-// benchmark.cpp the timed steps of bench/train_bench.
+// Internal to trainer/ (run.h is the interface): run.cpp holds the set-up, the epoch loop and
+// evaluation, step.cpp the optimizer step, resume_and_save.cpp checkpoints, benchmark.cpp the timed
+// steps of bench/train_bench.
 #pragma once
 
 #include <cstdint>
@@ -13,19 +14,23 @@
 #include "data/sampler.h"
 #include "distributed/communicator.h"
 #include "distributed/exact_sum.h"
-#include "distributed/powersgd.h"
-#include "distributed/reducer.h"
+#include "distributed/gradient_sync.h"
 #include "layers/module.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
-#include "trainer/checkpointing.h"
+#include "trainer/checkpoint_policy.h"
 #include "trainer/config.h"
 #include "trainer/progress.h"
 #include "trainer/report.h"
+#include "trainer/run.h"
 #include "trainer/stop_signals.h"
-#include "trainer/train.h"
 
 namespace dptrain::trainer {
+
+// Written by rank 0 when a signal stopped the run (Trainer::write_stop_note); removed when a run starts.
+inline std::string stop_note_path(const Config& c) {
+  return c.output_dir + "/stopped.json";
+}
 
 class Trainer {
  public:
@@ -53,16 +58,30 @@ class Trainer {
     std::vector<int32_t> labels;
     Tensor targets;  // regression only
   };
+  // One backward pass of a step on this rank.
+  struct MicroBatch {
+    std::span<const int64_t> indices;
+    float loss_scale;  // backward's seed: what makes the gradient sync's sum the step's average
+    uint64_t dropout_seed;
+  };
+  // One optimizer step on this rank: its micro-batches in order, as llm.c's accumulation loop runs
+  // them. Regular mode: backward_passes_per_step sampler batches, each weighted 1 / (passes x ranks).
+  // Deterministic mode: the step's global batch cut into fixed micro-batches in the sampler's order,
+  // each weighted by its share of the step's samples.
+  struct StepPlan {
+    std::vector<MicroBatch> micro_batches;
+    int64_t global_micro_batches = 0;               // on all ranks
+    int64_t samples_before = 0, samples_after = 0;  // of the epoch's permutation, all ranks
+  };
 
   EpochMetrics train_epoch(int64_t epoch);
   // Whether any rank received a stop signal, agreed by all after each step.
   StopRequests agree_on_stop() const;
   void write_stop_note(const std::string& why) const;
   void train_step(int64_t epoch, int64_t step, StepTotals& totals);
-  void train_step_deterministic(int64_t epoch, int64_t step, StepTotals& totals);
-  void run_step(int64_t epoch, int64_t step, StepTotals& totals) {
-    deterministic_ ? train_step_deterministic(epoch, step, totals) : train_step(epoch, step, totals);
-  }
+  const StepPlan& plan_step(int64_t step);
+  Tensor loss_of(const Tensor& output) const;  // model.loss on the current batch
+  static int64_t count_correct(const Tensor& logits, std::span<const int32_t> labels);
   // The loss and correct predictions of a forward pass, added to `totals`.
   void count_batch(const Tensor& output, const Tensor& loss, StepTotals& totals) const;
   Evaluation evaluate();
@@ -82,16 +101,6 @@ class Trainer {
   void check_deterministic_resume(const Checkpoint& checkpoint) const;
   Json deterministic_metadata() const;  // what a checkpoint records of distributed.deterministic
   int64_t global_batch() const;         // samples per optimizer step, all ranks (full steps)
-  // Bytes this rank contributes to the gradient collectives of step `global_step` (0 on one rank).
-  int64_t gradient_payload_bytes(int64_t global_step) const;
-  // What checkpoints hold besides the model: the optimizer's state, and PowerSGD's Q and every
-  // rank's error buffer (`powersgd_errors`, [ranks, size]).
-  std::vector<NamedTensor> training_state(const Tensor& powersgd_errors) const;
-  // Start-up, every rank: each takes its error buffer from the checkpoint rank 0 resumed, or (on
-  // another number of ranks) rank 0 takes their sum, which is all the next step depends on.
-  void hand_out_powersgd_errors();
-  std::string powersgd_description() const;  // for the run's summary
-  std::vector<NamedTensor> powersgd_resume_state(const Checkpoint& c);
   RunSummary summary() const;
 
   const Config& config_;
@@ -115,13 +124,8 @@ class Trainer {
       batch_stats_sync_;  // distributed.sync_batchnorm on more than one rank
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::LrSchedule> schedule_;
-  std::unique_ptr<distributed::GradientReducer> reducer_;
-  std::unique_ptr<distributed::ExactGradientSum> exact_sum_;  // deterministic mode only
-  std::unique_ptr<distributed::PowerSgdReducer> powersgd_;    // compression "powersgd" only
-  // Rank 0, resuming with PowerSGD: every rank's error buffer as the checkpoint holds them,
-  // [ranks then, size], handed out in start().
-  Tensor resumed_powersgd_errors_;
-  int64_t resumed_powersgd_ranks_ = 0;
+  std::unique_ptr<distributed::GradientSync> gradient_sync_;
+  StepPlan plan_;  // the current step's; kept to reuse its storage
   Progress progress_;
   InjectedFault fault_;
   Checkpoints checkpoints_;

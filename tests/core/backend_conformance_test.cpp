@@ -21,7 +21,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <ostream>
@@ -35,6 +34,7 @@
 #include "core/parameters.h"
 #include "core/rng.h"
 #include "optim/optimizer.h"
+#include "tests/test_util.h"
 #if defined(DPTRAIN_WITH_CUDA)
 #include "cuda/device.h"
 #include "cuda/runtime.h"
@@ -94,9 +94,7 @@ double error_of(const std::vector<float>& a, const std::vector<float>& b) {
   return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
 }
 
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using test_util::bitwise_equal;
 
 // Passes when bitwise equal for tolerance 0, else when the error is within it (NaN fails).
 bool within(const std::vector<float>& a, const std::vector<float>& b, double tolerance) {

@@ -26,6 +26,7 @@
 #include "core/ops.h"
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "tests/test_util.h"
 
 namespace dptrain {
 namespace {
@@ -34,12 +35,7 @@ constexpr double kEps = 1e-2;
 constexpr double kRtol = 1e-2;
 constexpr double kAtol = 1e-3;
 
-std::vector<float> uniform_values(int64_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
-  Rng rng(seed);
-  std::vector<float> v(static_cast<std::size_t>(n));
-  for (float& x : v) x = rng.uniform(lo, hi);
-  return v;
-}
+using test_util::uniform_values;
 
 Tensor random_tensor(const Shape& shape, uint64_t seed, bool requires_grad = true, float lo = -1.0f,
                      float hi = 1.0f) {

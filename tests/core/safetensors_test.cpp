@@ -3,7 +3,6 @@
 #include "core/safetensors.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdint>
@@ -18,23 +17,15 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "tests/test_util.h"
 
 namespace dptrain {
 namespace {
 
 const std::string kFixtures = std::string(DPTRAIN_SOURCE_DIR) + "/tests/fixtures/";
 
-std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() /
-          ("dptrain_core_" + std::to_string(::getpid()) + "_" + name))
-      .string();
-}
-
-Tensor iota(const Shape& shape, float start) {
-  Tensor t = Tensor::empty(shape);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = start + 0.25f * static_cast<float>(i);
-  return t;
-}
+using test_util::iota;
+using test_util::temp_path;
 
 // A file image with the given header text (not padded) and `data_bytes` bytes of data.
 std::vector<char> image(const std::string& header, std::size_t data_bytes) {

@@ -11,15 +11,14 @@
 #include "core/ops.h"
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "tests/test_util.h"
 
 namespace dptrain {
 namespace {
 
 Tensor random_tensor(const Shape& shape, uint64_t seed, bool requires_grad, float scale = 0.5f) {
-  Rng rng(seed);
-  std::vector<float> v(static_cast<std::size_t>(shape_numel(shape)));
-  for (float& x : v) x = rng.uniform(-scale, scale);
-  return Tensor::from_data(shape, v, requires_grad);
+  return Tensor::from_data(shape, test_util::uniform_values(shape_numel(shape), seed, -scale, scale),
+                           requires_grad);
 }
 
 struct SmallCnn {

@@ -13,13 +13,13 @@
 
 #include "core/backend.h"
 #include "core/error.h"
-#include "core/rng.h"
 #include "core/tensor.h"
 #include "cuda/backend.h"
 #include "cuda/check.h"
 #include "cuda/device.h"
 #include "cuda/nccl_communicator.h"
 #include "cuda/runtime.h"
+#include "tests/test_util.h"
 
 namespace dptrain::cuda {
 namespace {
@@ -43,13 +43,6 @@ CudaBackend& gpu() {
   return dynamic_cast<CudaBackend&>(backend_for(use_gpu(0, 1, {})));
 }
 
-std::vector<float> random_values(std::size_t n, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<float> v(n);
-  for (float& x : v) x = rng.uniform(-1.0f, 1.0f);
-  return v;
-}
-
 TEST(CudaCheck, AFailedCallNamesTheCallAndLeavesNoErrorBehind) {
   try {
     DPTRAIN_CUDA_CHECK(cudaSetDevice(4096));  // no machine has that many devices, or a driver says why
@@ -61,7 +54,9 @@ TEST(CudaCheck, AFailedCallNamesTheCallAndLeavesNoErrorBehind) {
   }
   // The next launch check must not blame a later call for this one. (Without a usable driver every
   // call fails the same way, so there is nothing to clear.)
-  if (probe_devices().count > 0) { EXPECT_EQ(cudaGetLastError(), cudaSuccess); }
+  if (probe_devices().count > 0) {
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  }
 }
 
 TEST(CudaDevice, ProbeNeverThrowsAndExplainsAbsence) {
@@ -97,7 +92,7 @@ TEST(CudaBackendMemory, CopiesRoundTripAtEverySize) {
   REQUIRE_GPU();
   CudaBackend& b = gpu();
   for (std::size_t n : {0u, 1u, 1000u, 7u, 3000000u, 5u, 3000001u}) {
-    const std::vector<float> host = random_values(n, n + 1);
+    const std::vector<float> host = test_util::uniform_values(n, n + 1);
     void* a = b.allocate(n * sizeof(float));
     void* c = b.allocate(n * sizeof(float));
     b.copy_from_host(a, host.data(), n * sizeof(float));
@@ -139,7 +134,7 @@ TEST(CudaNccl, OneRankCollectives) {
   NcclCommunicator nccl(NcclCommunicator::new_unique_id(), 0, 1, b);
   EXPECT_TRUE(nccl.accepts(b.device()));
   EXPECT_FALSE(nccl.accepts(Device::cpu()));
-  const std::vector<float> values = random_values(10000, 5);
+  const std::vector<float> values = test_util::uniform_values(10000, 5);
   const Tensor t = Tensor::from_data({10000}, values).to(b.device());
   nccl.allreduce(std::span<float>(t.data_ptr(), values.size()), distributed::ReduceOp::kSum, "test sum");
   EXPECT_EQ(t.to_vector(), values);

@@ -2,10 +2,8 @@
 #include "data/idx.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 #include <zlib.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +13,7 @@
 
 #include "core/error.h"
 #include "data/dataset.h"
+#include "tests/test_util.h"
 
 #ifndef DPTRAIN_SOURCE_DIR  // set by tests/data/CMakeLists.txt
 #define DPTRAIN_SOURCE_DIR "."
@@ -77,12 +76,7 @@ std::string error_of(const std::function<void()>& fn) {
 
 class IdxTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    static std::atomic<int> counter{0};
-    dir_ = fs::temp_directory_path() /
-           ("dptrain_idx_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(dir_);
-  }
+  void SetUp() override { dir_ = dptrain::test_util::make_temp_dir("idx_test"); }
   void TearDown() override { fs::remove_all(dir_); }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 

@@ -17,19 +17,13 @@
 #include "core/rng.h"
 #include "distributed/mpi_communicator.h"
 #include "mpi_test_env.h"
+#include "tests/test_util.h"
 
 namespace dptrain::distributed {
 namespace {
 
 // Tensor sizes with padding between them in the flat layout (not multiples of 16).
 const std::vector<int64_t> kSizes = {37, 1, 300, 16, 5};
-
-std::vector<NamedTensor> zero_parameters() {
-  std::vector<NamedTensor> p;
-  for (std::size_t k = 0; k < kSizes.size(); ++k)
-    p.push_back({"p" + std::to_string(k), Tensor::zeros({kSizes[k]}, true)});
-  return p;
-}
 
 // micro[i][t]: micro-batch i's gradient of tensor t, the same on every rank. Magnitudes span 2^-40
 // to 2^40 within a tensor and signs mix, so that float sums depend on their order.
@@ -52,7 +46,7 @@ Gradients make_gradients(int64_t micro_batches, uint64_t seed) {
 // Sums micro-batches [begin, end) of `g` on this rank through ExactGradientSum over `comm`.
 std::vector<std::vector<float>> exact_sum(Communicator& comm, const Gradients& g, int64_t begin, int64_t end,
                                           bool reversed = false) {
-  FlatParameters flat(zero_parameters(), Device::cpu());
+  FlatParameters flat(test_util::zero_parameters(kSizes), Device::cpu());
   ExactGradientSum sum(comm, flat);
   sum.begin(7, static_cast<int64_t>(g.size()), end - begin);
   for (int64_t k = 0; k < end - begin; ++k) {

@@ -18,6 +18,7 @@
 #include "distributed/communicator.h"
 #include "distributed/reducer.h"
 #include "distributed/world.h"
+#include "tests/test_util.h"
 
 namespace dptrain::distributed::test {
 
@@ -52,9 +53,7 @@ inline bool all_ranks(bool local) {
   return v == 1;
 }
 
-inline bool bitwise_equal(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using test_util::bitwise_equal;
 
 // A communicator of this process alone, whatever the world's size: every collective leaves its
 // buffers as they are, as the MPI communicator of a world of one does.

@@ -26,6 +26,7 @@
 #include "distributed/communicator.h"
 #include "distributed/mpi_communicator.h"
 #include "mpi_test_env.h"
+#include "tests/test_util.h"
 
 namespace dptrain::distributed {
 namespace {
@@ -36,13 +37,6 @@ namespace {
 // Gradients live inside the bucket buffer, each starting on a 64-byte (16-float) boundary, and a
 // bucket's numel counts that padding. The worked examples use sizes that are multiples of 16, so
 // no padding arises and the expected layouts follow from the documented rule alone.
-
-std::vector<NamedTensor> flat_parameters(const std::vector<int64_t>& sizes) {
-  std::vector<NamedTensor> p;
-  for (std::size_t k = 0; k < sizes.size(); ++k)
-    p.push_back({"p" + std::to_string(k), Tensor::zeros({sizes[k]}, true)});
-  return p;
-}
 
 int64_t floats_in(double mb) {
   return static_cast<int64_t>(mb * 1024 * 1024 / 4);
@@ -109,8 +103,8 @@ TEST(ReducerBuckets, WorkedExample) {
   // Thresholds in floats: fusion 1/1024 MB = 256, first 1/4096 MB = 64.
   const std::vector<int64_t> sizes = {320, 112, 96, 48, 64, 16};
   MpiCommunicator comm(test::world());
-  const ReducerOptions o{1.0 / 1024, 1.0 / 4096, true, Compression::kNone};
-  test::TestReducer reducer_owner(comm, flat_parameters(sizes), o);
+  const ReducerOptions o{1.0 / 1024, 1.0 / 4096, true, "none"};
+  test::TestReducer reducer_owner(comm, test_util::zero_parameters(sizes), o);
   GradientReducer& reducer = reducer_owner.reducer;
   // Backward order p5 p4 p3 p2 p1 p0. First bucket, cap 64: {p5} = 16 (+ 64 > 64). Then cap 256:
   // {p4, p3, p2} = 208 (+ 112 > 256), {p1} = 112 (+ 320 > 256), {p0} = 320 (alone, over the cap).
@@ -132,8 +126,8 @@ TEST(ReducerBuckets, WorkedExample) {
 TEST(ReducerBuckets, FirstBucketMayHoldSeveralSmallTensors) {
   const std::vector<int64_t> sizes = {208, 16, 16, 16};
   MpiCommunicator comm(test::world());
-  const ReducerOptions o{1.0 / 1024, 1.0 / 4096, false, Compression::kNone};  // caps 256, 64
-  test::TestReducer reducer_owner(comm, flat_parameters(sizes), o);
+  const ReducerOptions o{1.0 / 1024, 1.0 / 4096, false, "none"};  // caps 256, 64
+  test::TestReducer reducer_owner(comm, test_util::zero_parameters(sizes), o);
   GradientReducer& reducer = reducer_owner.reducer;
   const auto& b = reducer.buckets();
   ASSERT_EQ(b.size(), 2u);
@@ -145,8 +139,8 @@ TEST(ReducerBuckets, FirstBucketMayHoldSeveralSmallTensors) {
 TEST(ReducerBuckets, ThresholdBelowFirstBucketCapsTheFirstBucketToo) {
   const std::vector<int64_t> sizes = {32, 32, 32, 32};
   MpiCommunicator comm(test::world());
-  const ReducerOptions o{1.0 / 16384, 1, true, Compression::kNone};  // fusion 16 floats < first 1 MB
-  test::TestReducer reducer_owner(comm, flat_parameters(sizes), o);
+  const ReducerOptions o{1.0 / 16384, 1, true, "none"};  // fusion 16 floats < first 1 MB
+  test::TestReducer reducer_owner(comm, test_util::zero_parameters(sizes), o);
   GradientReducer& reducer = reducer_owner.reducer;
   ASSERT_EQ(reducer.buckets().size(), 4u);  // every tensor is over the 16-float cap: one each
   check_layout_rule(sizes, o, reducer.buckets());
@@ -155,8 +149,8 @@ TEST(ReducerBuckets, ThresholdBelowFirstBucketCapsTheFirstBucketToo) {
 TEST(ReducerBuckets, ThresholdZeroMeansOneBucketPerTensor) {
   const std::vector<int64_t> sizes = {7, 1, 3, 1000, 2};
   MpiCommunicator comm(test::world());
-  const ReducerOptions o{0, 1, true, Compression::kNone};
-  test::TestReducer reducer_owner(comm, flat_parameters(sizes), o);
+  const ReducerOptions o{0, 1, true, "none"};
+  test::TestReducer reducer_owner(comm, test_util::zero_parameters(sizes), o);
   GradientReducer& reducer = reducer_owner.reducer;
   const auto& b = reducer.buckets();
   ASSERT_EQ(b.size(), sizes.size());
@@ -169,8 +163,8 @@ TEST(ReducerBuckets, ThresholdZeroMeansOneBucketPerTensor) {
 TEST(ReducerBuckets, HugeThresholdGivesASmallFirstBucketThenOneBucket) {
   const std::vector<int64_t> sizes = {100000, 300000, 200000, 16};  // floats; 1 MB = 262144 floats
   MpiCommunicator comm(test::world());
-  const ReducerOptions o{128, 1, true, Compression::kNone};
-  test::TestReducer reducer_owner(comm, flat_parameters(sizes), o);
+  const ReducerOptions o{128, 1, true, "none"};
+  test::TestReducer reducer_owner(comm, test_util::zero_parameters(sizes), o);
   GradientReducer& reducer = reducer_owner.reducer;
   const auto& b = reducer.buckets();
   ASSERT_EQ(b.size(), 2u);
@@ -193,11 +187,11 @@ TEST(ReducerBuckets, RuleHoldsForManyShapesAndThresholds) {
     }
     for (double fusion : {0.0, 1.0 / 4096, 1.0 / 1024, 1.0 / 256, 64.0})
       for (double first : {0.0, 1.0 / 8192, 1.0 / 1024, 1.0}) {
-        const ReducerOptions o{fusion, first, true, Compression::kNone};
-        test::TestReducer reducer_owner(comm, flat_parameters(sizes), o);
+        const ReducerOptions o{fusion, first, true, "none"};
+        test::TestReducer reducer_owner(comm, test_util::zero_parameters(sizes), o);
         GradientReducer& reducer = reducer_owner.reducer;
         check_layout_rule(sizes, o, reducer.buckets());
-        test::TestReducer odd_owner(comm, flat_parameters(odd_sizes), o);
+        test::TestReducer odd_owner(comm, test_util::zero_parameters(odd_sizes), o);
         GradientReducer& odd = odd_owner.reducer;
         check_layout_basics(odd_sizes, o, odd.buckets());
       }
@@ -337,7 +331,7 @@ TEST(GradientReducer, AverageMatchesClosedFormForEveryFusionAndOverlapSetting) {
     Chain c;
     MpiCommunicator comm(test::world());
     test::TestReducer reducer_owner(comm, c.params,
-                                    ReducerOptions{s.fusion_mb, s.first_mb, s.overlap, Compression::kNone});
+                                    ReducerOptions{s.fusion_mb, s.first_mb, s.overlap, "none"});
     GradientReducer& reducer = reducer_owner.reducer;
     const std::string what = "fusion " + std::to_string(s.fusion_mb) + " MB, first " +
                              std::to_string(s.first_mb) + " MB, overlap " + (s.overlap ? "on" : "off") +
@@ -375,7 +369,7 @@ TEST(GradientReducer, UnarmedPassLaunchesNothingAndFinishReducesTheAccumulatedSu
   for (bool overlap : {true, false}) {
     Chain c;
     MpiCommunicator comm(test::world());
-    test::TestReducer reducer_owner(comm, c.params, ReducerOptions{0, 1, overlap, Compression::kNone});
+    test::TestReducer reducer_owner(comm, c.params, ReducerOptions{0, 1, overlap, "none"});
     GradientReducer& reducer = reducer_owner.reducer;
     for (int step = 0; step < 2; ++step) {
       c.zero_grad();
@@ -399,7 +393,7 @@ TEST(GradientReducer, SeveralPassesAverageOverPassesAndRanks) {
   const int N = test::size();
   Chain c;
   MpiCommunicator comm(test::world());
-  test::TestReducer reducer_owner(comm, c.params, ReducerOptions{0, 1, true, Compression::kNone});
+  test::TestReducer reducer_owner(comm, c.params, ReducerOptions{0, 1, true, "none"});
   GradientReducer& reducer = reducer_owner.reducer;
   EXPECT_EQ(reducer.loss_scale(kPasses), 1.0f / static_cast<float>(kPasses * N));
   c.zero_grad();
@@ -421,8 +415,7 @@ TEST(GradientReducer, FinishWithoutPrepareReducesEverything) {
   for (bool overlap : {true, false}) {
     Chain c;
     MpiCommunicator comm(test::world());
-    test::TestReducer reducer_owner(comm, c.params,
-                                    ReducerOptions{0.004, 0.001, overlap, Compression::kNone});
+    test::TestReducer reducer_owner(comm, c.params, ReducerOptions{0.004, 0.001, overlap, "none"});
     GradientReducer& reducer = reducer_owner.reducer;
     // A normal step first.
     c.zero_grad();
@@ -455,14 +448,14 @@ TEST(GradientReducer, FinishWithoutPrepareReducesEverything) {
 //   where mean|g| = (1/N) sum_i |g_i| per element. Without the division by N the result would be
 //   N mean(g), off by (N - 1) |mean(g)|, which is far outside this bound wherever the ranks'
 //   gradients do not cancel (checked below: the bound is tight enough to catch it).
-double unit_roundoff(Compression c) {
-  return c == Compression::kFp16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+double unit_roundoff(const std::string& c) {
+  return c == "fp16" ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
 }
 
 TEST(GradientReducer, CompressedAverageStaysWithinTheRoundingBound) {
   autograd::clear_tape();
   const int N = test::size();
-  for (Compression compression : {Compression::kFp16, Compression::kBf16})
+  for (const std::string compression : {"fp16", "bf16"})
     for (const Setting& s : {Setting{0, 1, true}, Setting{128, 1, false}, Setting{0.004, 0.001, true}}) {
       Chain c, shadow;  // same initial values; `shadow` has no reducer and keeps its local gradients
       MpiCommunicator comm(test::world());
@@ -497,7 +490,7 @@ TEST(GradientReducer, CompressedAverageStaysWithinTheRoundingBound) {
           catches_skipped_division += (N - 1) * std::abs(mean) > bound;
         }
       }
-      const std::string what = to_string(compression) + ", fusion " + std::to_string(s.fusion_mb) + " MB";
+      const std::string what = compression + ", fusion " + std::to_string(s.fusion_mb) + " MB";
       EXPECT_EQ(bad, 0u) << what << ": worst err / bound = " << worst_ratio;
       if (std::getenv("DPTRAIN_TEST_VERBOSE") && test::rank() == 0)
         std::printf("%s: worst err / bound = %.3f, %zu of %zu elements non-cancelling\n", what.c_str(),
@@ -514,7 +507,7 @@ TEST(GradientReducer, CompressedAverageStaysWithinTheRoundingBound) {
 TEST(GradientReducer, LargeGradientsAverageToAFiniteAccurateValue) {
   autograd::clear_tape();
   const int N = test::size();
-  for (Compression compression : {Compression::kFp16, Compression::kBf16})
+  for (const std::string compression : {"fp16", "bf16"})
     for (float g : {40000.0f, 60000.0f}) {
       if (N >= 2) {
         ASSERT_GT(static_cast<double>(g) * N, 65504.0);
@@ -531,9 +524,9 @@ TEST(GradientReducer, LargeGradientsAverageToAFiniteAccurateValue) {
       ops::sum(ops::linear(x, w, b)).backward(reducer.loss_scale(1));
       reducer.finish();
       const double bound = (N + 1) * unit_roundoff(compression) * g;
-      EXPECT_TRUE(std::isfinite(w.grad()[0])) << to_string(compression) << " " << g;
-      EXPECT_NEAR(w.grad()[0], g, bound) << to_string(compression) << " " << g;
-      EXPECT_NEAR(b.grad()[0], 4.0, (N + 1) * unit_roundoff(compression) * 4) << to_string(compression);
+      EXPECT_TRUE(std::isfinite(w.grad()[0])) << compression << " " << g;
+      EXPECT_NEAR(w.grad()[0], g, bound) << compression << " " << g;
+      EXPECT_NEAR(b.grad()[0], 4.0, (N + 1) * unit_roundoff(compression) * 4) << compression;
     }
 }
 
@@ -548,7 +541,7 @@ TEST(GradientReducer, NonFiniteGradientOnOneRankThrowsNamingStepBucketAndParamet
   if (test::size() == 1) GTEST_SKIP() << "one rank: see NonFiniteGradientThrowsInAWorldOfOneToo";
   autograd::clear_tape();
   const int bad_rank = test::size() - 1;
-  for (Compression compression : {Compression::kNone, Compression::kFp16, Compression::kBf16})
+  for (const std::string compression : {"none", "fp16", "bf16"})
     for (double fusion : {0.0, 128.0})
       for (float poison : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
         const Tensor w = Tensor::from_data({2, 3}, std::vector<float>(6, 0.5f), true);
@@ -567,8 +560,8 @@ TEST(GradientReducer, NonFiniteGradientOnOneRankThrowsNamingStepBucketAndParamet
         } catch (const Error& e) {
           message = e.what();
         }
-        const std::string what = to_string(compression) + ", fusion " + std::to_string(fusion) + ", poison " +
-                                 std::to_string(poison);
+        const std::string what =
+            compression + ", fusion " + std::to_string(fusion) + ", poison " + std::to_string(poison);
         EXPECT_FALSE(message.empty()) << what << ": finish() did not throw on rank " << test::rank();
         if (message.empty()) continue;
         EXPECT_NE(message.find("step 17"), std::string::npos) << what << ": " << message;
@@ -602,7 +595,7 @@ TEST(GradientReducer, WorldOfOneLeavesGradientsAlone) {
   autograd::clear_tape();
   Chain c;
   test::SelfCommunicator self;
-  test::TestReducer reducer_owner(self, c.params, ReducerOptions{0, 1, true, Compression::kFp16});
+  test::TestReducer reducer_owner(self, c.params, ReducerOptions{0, 1, true, "fp16"});
   GradientReducer& reducer = reducer_owner.reducer;
   c.zero_grad();
   reducer.prepare(0);

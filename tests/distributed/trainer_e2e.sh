@@ -166,7 +166,7 @@ case "$CASE" in
 
   fault_injection)
     need_mnist
-    # A rank throws at optimizer step 5 (trainer/train.cpp, DPTRAIN_INJECT_FAULT=RANK:STEP) while its
+    # A rank throws at optimizer step 5 (trainer/faults.h, DPTRAIN_INJECT_FAULT=RANK:STEP) while its
     # peer is in (or about to enter) a collective. The whole job must end, non-zero, within 10 s,
     # and stderr must name the failing rank and the cause. Once for rank 1, once for rank 0.
     for r in 1 0; do

@@ -6,7 +6,7 @@
 
 #include "core/safetensors.h"
 #include "fuzz_target.h"
-#include "trainer/checkpoint.h"
+#include "trainer/checkpoint_file.h"
 
 using namespace dptrain;
 

@@ -3,13 +3,11 @@
 #include "layers/build.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <initializer_list>
 #include <map>
 #include <string>
 #include <vector>
@@ -19,6 +17,7 @@
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "layers/module.h"
+#include "tests/test_util.h"
 
 namespace dptrain::layers {
 namespace {
@@ -34,25 +33,8 @@ std::unique_ptr<Sequential> build_mnist(uint64_t seed) {
   return build_sequential(config["model"]["layers"], config["model"]["input_shape"].get<Shape>(), seed);
 }
 
-std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() /
-          ("dptrain_layers_" + std::to_string(::getpid()) + "_" + name))
-      .string();
-}
-
-// Expects `f` to throw an Error whose message contains every fragment.
-template <typename F>
-void expect_error(F&& f, std::initializer_list<std::string> fragments) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an error mentioning '" << *fragments.begin() << "'";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (const std::string& fragment : fragments)
-      EXPECT_NE(message.find(fragment), std::string::npos)
-          << "message lacks '" << fragment << "': " << message;
-  }
-}
+using test_util::expect_error;
+using test_util::temp_path;
 
 TEST(BuildSequential, MnistCnnHasPyTorchNamesAndShapes) {
   const auto model = build_mnist(42);

@@ -15,6 +15,7 @@
 #include "core/ops.h"
 #include "core/safetensors.h"
 #include "layers/module.h"
+#include "tests/test_util.h"
 
 namespace dptrain {
 namespace {
@@ -22,32 +23,18 @@ namespace {
 constexpr double kRtol = 1e-5;
 constexpr double kAtol = 1e-6;
 
-const safetensors::File& fixtures() {
-  static const safetensors::File file =
-      safetensors::load(std::string(DPTRAIN_SOURCE_DIR) + "/tests/fixtures/layers.safetensors");
-  return file;
-}
-
-Tensor get(const std::string& name) {
-  const Tensor* t = fixtures().find(name);
-  if (t == nullptr) throw Error("fixture tensor '" + name + "' is missing from layers.safetensors");
-  return *t;
-}
-
-int meta_int(const std::string& key) {
-  return std::stoi(fixtures().metadata.at(key));
-}
+const test_util::FixtureFile fixture("layers.safetensors");
 
 // A fresh copy that requires grad (the fixture's own tensors stay untouched).
 Tensor leaf(const std::string& name) {
-  Tensor t = get(name).clone();
+  Tensor t = fixture.get(name).clone();
   t.set_requires_grad(true);
   return t;
 }
 
 std::vector<int32_t> labels(const std::string& name) {
   std::vector<int32_t> out;
-  for (float v : get(name).values()) out.push_back(static_cast<int32_t>(v));
+  for (float v : fixture.get(name).values()) out.push_back(static_cast<int32_t>(v));
   return out;
 }
 
@@ -71,15 +58,15 @@ void expect_close(std::span<const float> ours, const Tensor& ref, const std::str
 // Runs y = f(), checks y, then backward of sum(y * gy) and each input's gradient.
 void check_vjp(const std::string& prefix, const Tensor& y,
                const std::vector<std::pair<std::string, Tensor>>& inputs) {
-  const Tensor ref_y = get(prefix + "y");
+  const Tensor ref_y = fixture.get(prefix + "y");
   ASSERT_EQ(y.shape(), ref_y.shape()) << prefix << "y";
   expect_close(y.values(), ref_y, prefix + "y");
   // sum(y * gy) as a graph: flatten y to [1, n] and project with gy as a [1, n] weight.
-  const Tensor gy = get(prefix + "gy").view({1, y.numel()});
+  const Tensor gy = fixture.get(prefix + "gy").view({1, y.numel()});
   ops::sum(ops::linear(ops::reshape(y, {1, y.numel()}), gy, Tensor())).backward();
   for (const auto& [name, input] : inputs) {
     ASSERT_TRUE(input.has_grad()) << prefix << name;
-    const Tensor ref_g = get(prefix + "g" + name);
+    const Tensor ref_g = fixture.get(prefix + "g" + name);
     ASSERT_EQ(input.shape(), ref_g.shape()) << prefix << "g" << name;
     expect_close(input.grad(), ref_g, prefix + "g" + name);
   }
@@ -98,8 +85,8 @@ TEST_F(LayerFixtures, Dense) {
 TEST_F(LayerFixtures, DenseLayerModule) {
   // Through the Dense module, with the fixture's weights copied into its parameters.
   layers::Dense dense("0", 5, 3, true);
-  std::copy_n(get("dense.weight").data(), 15, dense.weight().data());
-  std::copy_n(get("dense.bias").data(), 3, dense.bias().data());
+  std::copy_n(fixture.get("dense.weight").data(), 15, dense.weight().data());
+  std::copy_n(fixture.get("dense.bias").data(), 3, dense.bias().data());
   const Tensor x = leaf("dense.x");
   check_vjp("dense.", dense.forward(x), {{"x", x}, {"weight", dense.weight()}, {"bias", dense.bias()}});
 }
@@ -109,21 +96,21 @@ class ConvFixture : public LayerFixtures, public ::testing::WithParamInterface<s
 TEST_P(ConvFixture, ForwardAndVjp) {
   const std::string name = GetParam(), p = name + ".";
   const Tensor x = leaf(p + "x"), w = leaf(p + "weight"), b = leaf(p + "bias");
-  ASSERT_EQ(w.dim(2), meta_int(p + "kernel"));
-  const Tensor y = ops::conv2d(x, w, b, {meta_int(p + "stride"), meta_int(p + "padding")});
+  ASSERT_EQ(w.dim(2), fixture.meta_int(p + "kernel"));
+  const Tensor y = ops::conv2d(x, w, b, {fixture.meta_int(p + "stride"), fixture.meta_int(p + "padding")});
   check_vjp(p, y, {{"x", x}, {"weight", w}, {"bias", b}});
 }
 
 TEST_P(ConvFixture, Conv2DLayerModule) {
   const std::string name = GetParam(), p = name + ".";
-  const Tensor w = get(p + "weight");
-  layers::Conv2D conv("3", w.dim(1), w.dim(0), meta_int(p + "kernel"), meta_int(p + "stride"),
-                      meta_int(p + "padding"), true);
+  const Tensor w = fixture.get(p + "weight");
+  layers::Conv2D conv("3", w.dim(1), w.dim(0), fixture.meta_int(p + "kernel"), fixture.meta_int(p + "stride"),
+                      fixture.meta_int(p + "padding"), true);
   std::copy_n(w.data(), w.numel(), conv.weight().data());
-  std::copy_n(get(p + "bias").data(), w.dim(0), conv.bias().data());
+  std::copy_n(fixture.get(p + "bias").data(), w.dim(0), conv.bias().data());
   const Tensor x = leaf(p + "x");
   const Shape per_sample(x.shape().begin() + 1, x.shape().end());
-  const Shape expected_out(get(p + "y").shape().begin() + 1, get(p + "y").shape().end());
+  const Shape expected_out(fixture.get(p + "y").shape().begin() + 1, fixture.get(p + "y").shape().end());
   EXPECT_EQ(conv.output_shape(per_sample), expected_out);
   check_vjp(p, conv.forward(x), {{"x", x}, {"weight", conv.weight()}, {"bias", conv.bias()}});
 }
@@ -135,10 +122,10 @@ class PoolFixture : public LayerFixtures, public ::testing::WithParamInterface<s
 TEST_P(PoolFixture, ForwardAndVjp) {
   const std::string p = GetParam() + ".";
   const Tensor x = leaf(p + "x");
-  const int k = meta_int(p + "kernel"), s = meta_int(p + "stride");
+  const int k = fixture.meta_int(p + "kernel"), s = fixture.meta_int(p + "stride");
   layers::MaxPool2D pool(k, s);
   const Shape per_sample(x.shape().begin() + 1, x.shape().end());
-  const Shape expected_out(get(p + "y").shape().begin() + 1, get(p + "y").shape().end());
+  const Shape expected_out(fixture.get(p + "y").shape().begin() + 1, fixture.get(p + "y").shape().end());
   EXPECT_EQ(pool.output_shape(per_sample), expected_out);
   check_vjp(p, pool.forward(x), {{"x", x}});
 }
@@ -173,22 +160,22 @@ TEST_F(LayerFixtures, CrossEntropy) {
   const std::vector<int32_t> y = labels("ce.labels");
   ASSERT_EQ(y.size(), 6u);
   const Tensor loss = ops::cross_entropy(logits, y);
-  const float ref = get("ce.loss").item();
+  const float ref = fixture.get("ce.loss").item();
   ASSERT_TRUE(std::isfinite(loss.item()));
   EXPECT_NEAR(loss.item(), ref, 1e-5 * std::abs(ref)) << "loss";
   loss.backward();
   for (float g : logits.grad()) ASSERT_TRUE(std::isfinite(g));
-  expect_close(logits.grad(), get("ce.glogits"), "ce.glogits");
+  expect_close(logits.grad(), fixture.get("ce.glogits"), "ce.glogits");
 }
 
 TEST_F(LayerFixtures, Mse) {
   const Tensor prediction = leaf("mse.prediction");
-  const Tensor target = get("mse.target");
+  const Tensor target = fixture.get("mse.target");
   const Tensor loss = ops::mse(prediction, target);
-  const float ref = get("mse.loss").item();
+  const float ref = fixture.get("mse.loss").item();
   EXPECT_NEAR(loss.item(), ref, kRtol * std::abs(ref) + kAtol) << "loss";
   loss.backward();
-  expect_close(prediction.grad(), get("mse.gprediction"), "mse.gprediction");
+  expect_close(prediction.grad(), fixture.get("mse.gprediction"), "mse.gprediction");
 }
 
 // Every case in the file is exercised above (a new fixture case must get a test here).
@@ -198,7 +185,7 @@ TEST(LayerFixtureCoverage, EveryPrefixIsKnown) {
       "maxpool_k2s2.", "maxpool_k3s2.", "maxpool_ties.", "maxpool_ties_overlap.",
       "relu.",         "tanh.",         "sigmoid.",      "ce.",
       "mse."};
-  for (const NamedTensor& t : fixtures().tensors) {
+  for (const NamedTensor& t : fixture.file().tensors) {
     bool found = false;
     for (const std::string& k : known) {
       // "maxpool_ties." must not swallow "maxpool_ties_overlap.": match the longest prefix exactly.

@@ -20,6 +20,7 @@
 #include "layers/build.h"
 #include "layers/module.h"
 #include "optim/optimizer.h"
+#include "tests/test_util.h"
 
 namespace dptrain {
 // gtest names the parameter in test listings ("cpu"), not as bytes; found by argument lookup.
@@ -33,21 +34,7 @@ namespace {
 
 constexpr double kRtol = 1e-5;
 
-const safetensors::File& fixtures() {
-  static const safetensors::File file =
-      safetensors::load(std::string(DPTRAIN_SOURCE_DIR) + "/tests/fixtures/resnet.safetensors");
-  return file;
-}
-
-const Tensor& get(const std::string& name) {
-  const Tensor* t = fixtures().find(name);
-  if (t == nullptr) throw Error("fixture tensor '" + name + "' is missing from resnet.safetensors");
-  return *t;
-}
-
-float meta_float(const std::string& key) {
-  return std::stof(fixtures().metadata.at(key));
-}
+const test_util::FixtureFile fixture("resnet.safetensors");
 
 // The worst |ours - PyTorch| / max |PyTorch| over the tensors a test compared, printed at its end:
 // the figure the acceptance criterion (1e-5 relative) is about.
@@ -77,7 +64,7 @@ void expect_close(const std::vector<float>& ours, const Tensor& ref, const std::
 // Copies the fixture's tensors "<prefix><name>" into the module's parameters and buffers.
 void load_state(const Module& module, const std::string& prefix) {
   for (const NamedTensor& t : state_tensors(module)) {
-    const Tensor& source = get(prefix + t.name);
+    const Tensor& source = fixture.get(prefix + t.name);
     ASSERT_EQ(source.shape(), t.tensor.shape()) << t.name;
     t.tensor.copy_from(source);
   }
@@ -85,7 +72,7 @@ void load_state(const Module& module, const std::string& prefix) {
 
 // Backward of sum(y * gy).
 void backward_with(const Tensor& y, const std::string& gy) {
-  autograd::backward(y, get(gy));
+  autograd::backward(y, fixture.get(gy));
 }
 
 class ResnetFixtures : public ::testing::Test {
@@ -102,39 +89,40 @@ class ResnetFixtures : public ::testing::Test {
 };
 
 TEST_F(ResnetFixtures, BatchNormTrainingAndEvaluation) {
-  BatchNorm2d bn("bn", get("bn.weight").numel());
+  BatchNorm2d bn("bn", fixture.get("bn.weight").numel());
   const std::vector<NamedTensor> params = bn.named_parameters(), buffers = bn.named_buffers();
-  params[0].tensor.copy_from(get("bn.weight"));
-  params[1].tensor.copy_from(get("bn.bias"));
-  buffers[0].tensor.copy_from(get("bn.running_mean_before"));
-  buffers[1].tensor.copy_from(get("bn.running_var_before"));
-  Tensor x = get("bn.x").clone();
+  params[0].tensor.copy_from(fixture.get("bn.weight"));
+  params[1].tensor.copy_from(fixture.get("bn.bias"));
+  buffers[0].tensor.copy_from(fixture.get("bn.running_mean_before"));
+  buffers[1].tensor.copy_from(fixture.get("bn.running_var_before"));
+  Tensor x = fixture.get("bn.x").clone();
   x.set_requires_grad(true);
   const Tensor y = bn.forward(x);
-  expect_close(y.to_vector(), get("bn.y"), "bn.y", 1e-6);
+  expect_close(y.to_vector(), fixture.get("bn.y"), "bn.y", 1e-6);
   backward_with(y, "bn.gy");
-  expect_close({x.grad().begin(), x.grad().end()}, get("bn.gx"), "bn.gx", 1e-6);
-  expect_close({params[0].tensor.grad().begin(), params[0].tensor.grad().end()}, get("bn.gweight"),
+  expect_close({x.grad().begin(), x.grad().end()}, fixture.get("bn.gx"), "bn.gx", 1e-6);
+  expect_close({params[0].tensor.grad().begin(), params[0].tensor.grad().end()}, fixture.get("bn.gweight"),
                "bn.gweight", 1e-6);
-  expect_close({params[1].tensor.grad().begin(), params[1].tensor.grad().end()}, get("bn.gbias"), "bn.gbias",
-               1e-6);
-  expect_close(buffers[0].tensor.to_vector(), get("bn.running_mean"), "bn.running_mean", 1e-6);
-  expect_close(buffers[1].tensor.to_vector(), get("bn.running_var"), "bn.running_var", 1e-6);
-  EXPECT_EQ(buffers[2].tensor.item(), get("bn.num_batches_tracked").item());
+  expect_close({params[1].tensor.grad().begin(), params[1].tensor.grad().end()}, fixture.get("bn.gbias"),
+               "bn.gbias", 1e-6);
+  expect_close(buffers[0].tensor.to_vector(), fixture.get("bn.running_mean"), "bn.running_mean", 1e-6);
+  expect_close(buffers[1].tensor.to_vector(), fixture.get("bn.running_var"), "bn.running_var", 1e-6);
+  EXPECT_EQ(buffers[2].tensor.item(), fixture.get("bn.num_batches_tracked").item());
 
   bn.set_training(false);
   for (const NamedTensor& p : params) p.tensor.zero_grad();
-  Tensor x_eval = get("bn.eval_x").clone();
+  Tensor x_eval = fixture.get("bn.eval_x").clone();
   x_eval.set_requires_grad(true);
   const Tensor y_eval = bn.forward(x_eval);
-  expect_close(y_eval.to_vector(), get("bn.eval_y"), "bn.eval_y", 1e-6);
+  expect_close(y_eval.to_vector(), fixture.get("bn.eval_y"), "bn.eval_y", 1e-6);
   backward_with(y_eval, "bn.eval_gy");
-  expect_close({x_eval.grad().begin(), x_eval.grad().end()}, get("bn.eval_gx"), "bn.eval_gx", 1e-6);
-  expect_close({params[0].tensor.grad().begin(), params[0].tensor.grad().end()}, get("bn.eval_gweight"),
-               "bn.eval_gweight", 1e-6);
-  expect_close({params[1].tensor.grad().begin(), params[1].tensor.grad().end()}, get("bn.eval_gbias"),
+  expect_close({x_eval.grad().begin(), x_eval.grad().end()}, fixture.get("bn.eval_gx"), "bn.eval_gx", 1e-6);
+  expect_close({params[0].tensor.grad().begin(), params[0].tensor.grad().end()},
+               fixture.get("bn.eval_gweight"), "bn.eval_gweight", 1e-6);
+  expect_close({params[1].tensor.grad().begin(), params[1].tensor.grad().end()}, fixture.get("bn.eval_gbias"),
                "bn.eval_gbias", 1e-6);
-  EXPECT_EQ(buffers[2].tensor.item(), get("bn.num_batches_tracked").item()) << "evaluation counts no batch";
+  EXPECT_EQ(buffers[2].tensor.item(), fixture.get("bn.num_batches_tracked").item())
+      << "evaluation counts no batch";
 }
 
 struct BlockCase {
@@ -151,19 +139,19 @@ TEST_P(BlockFixture, ForwardBackwardAndRunningStatistics) {
   const std::string p = std::string(c.name) + ".";
   ResidualBlock block(c.kind, c.name, c.in_channels, c.planes, c.stride);
   load_state(block, "");
-  Tensor x = get(p + "x").clone();
+  Tensor x = fixture.get(p + "x").clone();
   x.set_requires_grad(true);
   const Tensor y = block.forward(x);
-  expect_close(y.to_vector(), get(p + "y"), p + "y", 1e-6);
+  expect_close(y.to_vector(), fixture.get(p + "y"), p + "y", 1e-6);
   backward_with(y, p + "gy");
-  expect_close({x.grad().begin(), x.grad().end()}, get(p + "gx"), p + "gx", 1e-6);
+  expect_close({x.grad().begin(), x.grad().end()}, fixture.get(p + "gx"), p + "gx", 1e-6);
   for (const NamedTensor& t : block.named_parameters()) {
     const std::string key = t.name.substr(p.size());
-    expect_close({t.tensor.grad().begin(), t.tensor.grad().end()}, get(p + "grad." + key), t.name + " grad",
-                 1e-5);
+    expect_close({t.tensor.grad().begin(), t.tensor.grad().end()}, fixture.get(p + "grad." + key),
+                 t.name + " grad", 1e-5);
   }
   for (const NamedTensor& t : block.named_buffers())
-    expect_close(t.tensor.to_vector(), get(p + "after." + t.name.substr(p.size())), t.name, 1e-6);
+    expect_close(t.tensor.to_vector(), fixture.get(p + "after." + t.name.substr(p.size())), t.name, 1e-6);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -179,31 +167,31 @@ class Resnet20Fixture : public ResnetFixtures, public ::testing::WithParamInterf
 
 TEST_P(Resnet20Fixture, ThreeSgdMomentumSteps) {
   const Device device = GetParam();
-  const Tensor& first = get("r20.step1.x");
+  const Tensor& first = fixture.get("r20.step1.x");
   const Shape sample(first.shape().begin() + 1, first.shape().end());
-  const auto model = build_architecture("resnet20", sample, get("r20.init.fc.bias").numel(), 0);
+  const auto model = build_architecture("resnet20", sample, fixture.get("r20.init.fc.bias").numel(), 0);
   load_state(*model, "r20.init.");
   const FlatParameters flat(model->named_parameters(), device);
   const FlatParameters buffers(model->named_buffers(), device);
-  optim::Sgd sgd(flat,
-                 {.momentum = meta_float("r20.momentum"), .weight_decay = meta_float("r20.weight_decay")});
-  const Tensor& losses = get("r20.losses");
+  optim::Sgd sgd(flat, {.momentum = fixture.meta_float("r20.momentum"),
+                        .weight_decay = fixture.meta_float("r20.weight_decay")});
+  const Tensor& losses = fixture.get("r20.losses");
   for (int step = 1; step <= 3; ++step) {
     const std::string p = "r20.step" + std::to_string(step) + ".";
     std::vector<int32_t> labels;
-    for (float v : get(p + "labels").values()) labels.push_back(static_cast<int32_t>(v));
+    for (float v : fixture.get(p + "labels").values()) labels.push_back(static_cast<int32_t>(v));
     flat.zero_grad();
-    const Tensor loss = ops::cross_entropy(model->forward(get(p + "x").to(device)), labels);
+    const Tensor loss = ops::cross_entropy(model->forward(fixture.get(p + "x").to(device)), labels);
     EXPECT_NEAR(loss.item(), losses.data()[step - 1], 1e-5 * std::abs(losses.data()[step - 1]) + 1e-6)
         << "step " << step;
     loss.backward();
-    sgd.step(meta_float("r20.lr"));
+    sgd.step(fixture.meta_float("r20.lr"));
   }
   for (const NamedTensor& t : state_tensors(*model))
-    expect_close(t.tensor.to_vector(), get("r20.final." + t.name), t.name, 1e-5);
+    expect_close(t.tensor.to_vector(), fixture.get("r20.final." + t.name), t.name, 1e-5);
   for (const NamedTensor& t : sgd.state()) {
     const std::string parameter = t.name.substr(0, t.name.size() - std::string(".momentum_buffer").size());
-    expect_close(t.tensor.to_vector(), get("r20.momentum." + parameter), t.name, 1e-5);
+    expect_close(t.tensor.to_vector(), fixture.get("r20.momentum." + parameter), t.name, 1e-5);
   }
 }
 

@@ -3,7 +3,6 @@
 // the new layers, and a safetensors round trip of a whole state (buffers included, the int64 counter
 // as I64).
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -17,16 +16,12 @@
 #include "core/safetensors.h"
 #include "layers/build.h"
 #include "layers/module.h"
+#include "tests/test_util.h"
 
 namespace dptrain::layers {
 namespace {
 
-std::vector<float> uniform(int64_t n, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<float> v(static_cast<std::size_t>(n));
-  for (float& x : v) x = rng.uniform(-1.0f, 1.0f);
-  return v;
-}
+using test_util::uniform_values;
 
 // d sum(block(x) * w) / d t for x and every parameter t, against central differences in double.
 // Residual blocks are piecewise smooth: a step that moves a pre-activation across ReLU's kink
@@ -38,7 +33,7 @@ std::vector<float> uniform(int64_t n, uint64_t seed) {
 // (resnet_fixtures_test.cpp).
 void check_block_gradients(Module& block, const Shape& input_shape, uint64_t seed) {
   autograd::clear_tape();
-  const Tensor x = Tensor::from_data(input_shape, uniform(shape_numel(input_shape), seed), true);
+  const Tensor x = Tensor::from_data(input_shape, uniform_values(shape_numel(input_shape), seed), true);
   std::vector<Tensor> inputs = {x};
   Rng rng(seed);
   for (const NamedTensor& p : block.named_parameters()) {
@@ -50,7 +45,7 @@ void check_block_gradients(Module& block, const Shape& input_shape, uint64_t see
     inputs.push_back(p.tensor);
   }
   const Tensor y = block.forward(x);
-  const std::vector<float> w = uniform(y.numel(), seed + 1);
+  const std::vector<float> w = uniform_values(y.numel(), seed + 1);
   const auto objective = [&](const Tensor& out) {
     double total = 0;
     for (int64_t i = 0; i < out.numel(); ++i) total += static_cast<double>(out.data()[i]) * w[i];
@@ -190,7 +185,7 @@ TEST(BuildSequential, ResidualLayersFromALayerList) {
   EXPECT_EQ(state.at("4.conv2.weight"), (Shape{8, 8, 3, 3}));
   EXPECT_EQ(state.at("5.downsample.0.weight"), (Shape{16, 8, 1, 1}));
   EXPECT_EQ(state.at("7.weight"), (Shape{5, 16}));
-  const Tensor y = model->forward(Tensor::from_data({3, 2, 12, 12}, uniform(3 * 2 * 12 * 12, 3)));
+  const Tensor y = model->forward(Tensor::from_data({3, 2, 12, 12}, uniform_values(3 * 2 * 12 * 12, 3)));
   EXPECT_EQ(y.shape(), (Shape{3, 5}));
   EXPECT_THROW(build_sequential(Json::parse(R"([{"type": "basic_block"}])"), {2, 4, 4}, 0), Error);
   EXPECT_THROW(
@@ -201,10 +196,8 @@ TEST(BuildSequential, ResidualLayersFromALayerList) {
 // Parameters and buffers out and back in by name; num_batches_tracked stored as I64, as PyTorch.
 TEST(Architecture, StateRoundTripsThroughSafetensors) {
   const auto a = build_architecture("resnet20", {1, 8, 8}, 3, 1);
-  a->forward(Tensor::from_data({4, 1, 8, 8}, uniform(256, 4)));  // moves the running statistics
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("dptrain_resnet_" + std::to_string(::getpid()) + ".safetensors"))
-                               .string();
+  a->forward(Tensor::from_data({4, 1, 8, 8}, uniform_values(256, 4)));  // moves the running statistics
+  const std::string path = test_util::temp_path("resnet.safetensors");
   safetensors::save(path, state_tensors(*a));
   const safetensors::File file = safetensors::load(path);
   std::filesystem::remove(path);

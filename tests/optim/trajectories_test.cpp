@@ -17,6 +17,7 @@
 #include "core/safetensors.h"
 #include "layers/module.h"
 #include "optim/optimizer.h"
+#include "tests/test_util.h"
 
 namespace dptrain {
 namespace {
@@ -25,32 +26,7 @@ constexpr double kRtol = 1e-5;
 constexpr double kAtol = 1e-6;
 constexpr int kSteps = 10;
 
-const safetensors::File& fixture() {
-  static const safetensors::File file =
-      safetensors::load(std::string(DPTRAIN_SOURCE_DIR) + "/tests/fixtures/trajectories.safetensors");
-  return file;
-}
-
-const Tensor& get(const std::string& name) {
-  const Tensor* t = fixture().find(name);
-  if (t == nullptr) throw Error("fixture tensor '" + name + "' is missing from trajectories.safetensors");
-  return *t;
-}
-
-const std::string& meta(const std::string& key) {
-  const auto it = fixture().metadata.find(key);
-  if (it == fixture().metadata.end()) throw Error("fixture metadata '" + key + "' is missing");
-  return it->second;
-}
-float meta_float(const std::string& key) {
-  return std::stof(meta(key));
-}
-bool meta_bool(const std::string& key) {
-  const std::string& v = meta(key);
-  if (v != "True" && v != "False")
-    throw Error("fixture metadata '" + key + "' = '" + v + "' is not a Python bool");
-  return v == "True";
-}
+const test_util::FixtureFile fixture("trajectories.safetensors");
 
 // The model of the fixture, parameters named as PyTorch names them, loaded from init.*, and its
 // parameters in the flat buffers an optimizer updates.
@@ -67,7 +43,7 @@ std::unique_ptr<Model> make_model() {
   model->add(std::make_unique<layers::ActivationLayer>(layers::Activation::kRelu));
   model->add(std::make_unique<layers::Dense>("2", 5, 3, true));
   for (const NamedTensor& p : model->named_parameters()) {
-    const Tensor& init = get("init." + p.name);
+    const Tensor& init = fixture.get("init." + p.name);
     EXPECT_EQ(init.shape(), p.tensor.shape()) << p.name;
     std::copy_n(init.data(), init.numel(), p.tensor.data());
   }
@@ -77,26 +53,26 @@ std::unique_ptr<Model> make_model() {
 
 std::vector<int32_t> labels() {
   std::vector<int32_t> out;
-  for (float v : get("data.labels").values()) out.push_back(static_cast<int32_t>(v));
+  for (float v : fixture.get("data.labels").values()) out.push_back(static_cast<int32_t>(v));
   return out;
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, const FlatParameters& params) {
-  const std::string kind = meta(name + ".optimizer");
+  const std::string kind = fixture.meta(name + ".optimizer");
   if (kind == "SGD") {
     optim::SgdOptions o;
-    o.momentum = meta_float(name + ".momentum");
-    o.dampening = meta_float(name + ".dampening");
-    o.nesterov = meta_bool(name + ".nesterov");
-    o.weight_decay = meta_float(name + ".weight_decay");
+    o.momentum = fixture.meta_float(name + ".momentum");
+    o.dampening = fixture.meta_float(name + ".dampening");
+    o.nesterov = fixture.meta_bool(name + ".nesterov");
+    o.weight_decay = fixture.meta_float(name + ".weight_decay");
     return std::make_unique<optim::Sgd>(params, o);
   }
   if (kind != "Adam" && kind != "AdamW") throw Error("unknown optimizer '" + kind + "' in the fixture");
   optim::AdamOptions o;
-  o.beta1 = meta_float(name + ".beta1");
-  o.beta2 = meta_float(name + ".beta2");
-  o.eps = meta_float(name + ".eps");
-  o.weight_decay = meta_float(name + ".weight_decay");
+  o.beta1 = fixture.meta_float(name + ".beta1");
+  o.beta2 = fixture.meta_float(name + ".beta2");
+  o.eps = fixture.meta_float(name + ".eps");
+  o.weight_decay = fixture.meta_float(name + ".weight_decay");
   o.decoupled_weight_decay = kind == "AdamW";
   return std::make_unique<optim::Adam>(params, o);
 }
@@ -112,13 +88,13 @@ class Trajectory : public ::testing::TestWithParam<std::string> {
 
 TEST_P(Trajectory, MatchesPyTorchAfterEveryStep) {
   const std::string name = GetParam();
-  ASSERT_EQ(std::stoi(meta("steps")), kSteps);
+  ASSERT_EQ(std::stoi(fixture.meta("steps")), kSteps);
   const auto model = make_model();
   const auto optimizer = make_optimizer(name, *model->flat);
-  const float lr = meta_float(name + ".lr");
-  const Tensor& x = get("data.x");
+  const float lr = fixture.meta_float(name + ".lr");
+  const Tensor& x = fixture.get("data.x");
   const std::vector<int32_t> y = labels();
-  const Tensor& ref_losses = get(name + ".losses");
+  const Tensor& ref_losses = fixture.get(name + ".losses");
   ASSERT_EQ(ref_losses.numel(), kSteps);
 
   for (int step = 1; step <= kSteps; ++step) {
@@ -130,7 +106,7 @@ TEST_P(Trajectory, MatchesPyTorchAfterEveryStep) {
     EXPECT_TRUE(close(loss.item(), ref_losses.data()[step - 1]))
         << "step " << step << " loss " << loss.item() << " vs PyTorch " << ref_losses.data()[step - 1];
     for (const NamedTensor& p : model->named_parameters()) {
-      const Tensor& ref = get(name + ".step" + std::to_string(step) + "." + p.name);
+      const Tensor& ref = fixture.get(name + ".step" + std::to_string(step) + "." + p.name);
       ASSERT_EQ(ref.shape(), p.tensor.shape());
       int failures = 0;
       for (int64_t i = 0; i < ref.numel(); ++i)
@@ -141,7 +117,7 @@ TEST_P(Trajectory, MatchesPyTorchAfterEveryStep) {
     }
   }
   // The run must have moved the parameters (the comparison is not vacuous).
-  EXPECT_NE(model->named_parameters()[0].tensor.data()[0], get("init.0.weight").data()[0]);
+  EXPECT_NE(model->named_parameters()[0].tensor.data()[0], fixture.get("init.0.weight").data()[0]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixture, Trajectory,
@@ -154,7 +130,7 @@ INSTANTIATE_TEST_SUITE_P(Fixture, Trajectory,
 std::vector<std::vector<float>> one_step(Model& model, optim::Optimizer& optimizer, float lr) {
   autograd::clear_tape();
   optimizer.zero_grad();
-  ops::cross_entropy(model.forward(get("data.x")), labels()).backward();
+  ops::cross_entropy(model.forward(fixture.get("data.x")), labels()).backward();
   std::vector<std::vector<float>> grads;
   for (const NamedTensor& p : model.named_parameters())
     grads.emplace_back(p.tensor.grad().begin(), p.tensor.grad().end());
@@ -249,7 +225,7 @@ TEST(OptimizerState, RestoredStateContinuesTheTrajectory) {
   const std::string name = "adamw";
   const auto model = make_model();
   const auto optimizer = make_optimizer(name, *model->flat);
-  const float lr = meta_float(name + ".lr");
+  const float lr = fixture.meta_float(name + ".lr");
   for (int k = 0; k < 4; ++k) one_step(*model, *optimizer, lr);
 
   // A second model/optimizer pair restored from the first one's parameters, state and step count.
@@ -266,7 +242,7 @@ TEST(OptimizerState, RestoredStateContinuesTheTrajectory) {
 
   for (int k = 5; k <= kSteps; ++k) one_step(*resumed, *resumed_opt, lr);
   for (const NamedTensor& p : resumed->named_parameters()) {
-    const Tensor& ref = get(name + ".step10." + p.name);
+    const Tensor& ref = fixture.get(name + ".step10." + p.name);
     for (int64_t i = 0; i < ref.numel(); ++i)
       EXPECT_TRUE(close(p.tensor.data()[i], ref.data()[i])) << p.name << "[" << i << "]";
   }

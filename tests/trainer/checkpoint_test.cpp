@@ -1,11 +1,8 @@
 // Checkpoint files: round trip of tensors and position, names and listing, pruning, the durable
 // write surviving an interrupted writer, and every kind of damage rejected with the file's name and
 // the problem (under AddressSanitizer in CI: no crash, no read out of bounds).
-#include "trainer/checkpoint.h"
-
 #include <gtest/gtest.h>
 #include <sys/resource.h>
-#include <unistd.h>
 
 #include <csignal>
 #include <cstring>
@@ -18,7 +15,9 @@
 #include <vector>
 
 #include "core/error.h"
-#include "trainer/checkpointing.h"
+#include "tests/test_util.h"
+#include "trainer/checkpoint_file.h"
+#include "trainer/checkpoint_policy.h"
 
 namespace dptrain::trainer {
 namespace {
@@ -26,17 +25,11 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-Tensor tensor_of(const Shape& shape, float first) {
-  Tensor t = Tensor::empty(shape);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = first + 0.25f * static_cast<float>(i);
-  return t;
-}
-
 CheckpointData sample_data() {
   CheckpointData d;
-  d.parameters = {{"0.weight", tensor_of({3, 2}, 1.0f)}, {"0.bias", tensor_of({3}, -2.0f)}};
-  d.optimizer_state = {{"0.weight.exp_avg", tensor_of({3, 2}, 0.5f)},
-                       {"0.bias.exp_avg", tensor_of({3}, 7.0f)}};
+  d.parameters = {{"0.weight", test_util::iota({3, 2}, 1.0f)}, {"0.bias", test_util::iota({3}, -2.0f)}};
+  d.optimizer_state = {{"0.weight.exp_avg", test_util::iota({3, 2}, 0.5f)},
+                       {"0.bias.exp_avg", test_util::iota({3}, 7.0f)}};
   d.position = {2, 640, 123, 4480, 123};
   d.metadata = {{"world_size", "2"}, {"batch_size", "32"}, {"config", R"({"seed":1})"}};
   return d;
@@ -61,12 +54,7 @@ void expect_equal(const std::vector<NamedTensor>& a, const std::vector<NamedTens
 
 class CheckpointFiles : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("dptrain_ckpt_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
+  void SetUp() override { dir_ = test_util::make_temp_dir("ckpt"); }
   void TearDown() override { fs::remove_all(dir_); }
 
   std::string path(int64_t step) const { return (dir_ / checkpoint_file_name(step)).string(); }

@@ -3,7 +3,6 @@
 // Runs the real binary (path from CMake) from the source directory, capturing stdout and stderr.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -14,6 +13,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "tests/test_util.h"
 
 namespace {
 
@@ -31,11 +32,7 @@ std::string slurp(const std::string& path) {
 
 // Runs `trainer <args>` (args are shell words) in the source directory.
 RunResult run_trainer(const std::string& args) {
-  static int counter = 0;
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() /
-      ("dptrain_cli_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-  std::filesystem::create_directories(dir);
+  const std::filesystem::path dir = dptrain::test_util::make_temp_dir("cli");
   const std::string out = (dir / "stdout").string(), err = (dir / "stderr").string();
   // In a sanitizer build, LeakSanitizer would report Open MPI's allocations that are still live at
   // exit (none of them ours) and turn the exit status into 1; the child runs without leak detection.
@@ -122,8 +119,7 @@ TEST(TrainerCli, MissingConfigOptionFails) {
 class TrainerCliData : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() / ("dptrain_cli_data_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir_);
+    dir_ = dptrain::test_util::make_temp_dir("cli_data");
     write_idx("train-images-idx3-ubyte", 0x0803, {4, 28, 28});
     write_idx("train-labels-idx1-ubyte", 0x0801, {4});
     write_idx("t10k-images-idx3-ubyte", 0x0803, {2, 28, 28});

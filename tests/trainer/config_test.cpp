@@ -1,5 +1,6 @@
 // Strict config parsing: the shipped configs parse; unknown keys, wrong types, out-of-range values
-// and bad choices are errors naming the key path; --set overrides.
+// and bad choices are errors naming the key path; --set overrides; the checked-in reference page and
+// fuzz dictionary match the config table.
 #include "trainer/config.h"
 
 #include <gtest/gtest.h>
@@ -7,8 +8,12 @@
 #include <cstdio>
 #include <fstream>
 #include <initializer_list>
+#include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "core/config_table.h"
 #include "core/error.h"
 
 namespace dptrain::trainer {
@@ -42,7 +47,7 @@ TEST(ParseConfig, MnistCnn) {
   const Config c = parse_config(mnist());
   EXPECT_EQ(c.seed, 42u);
   EXPECT_EQ(c.output_dir, "runs/mnist");
-  EXPECT_EQ(c.data.dataset, DatasetKind::kMnist);
+  EXPECT_EQ(c.data.dataset, "mnist");
   EXPECT_EQ(c.data.dir, "data/mnist");
   EXPECT_EQ(c.data.batch_size, 128);
   EXPECT_EQ(c.data.eval_batch_size, 1000);  // default
@@ -53,7 +58,7 @@ TEST(ParseConfig, MnistCnn) {
   EXPECT_EQ(c.model.layers.size(), 10u);
   EXPECT_EQ(c.model.layers[7]["out_features"], 64);
   EXPECT_EQ(c.model.loss, LossKind::kCrossEntropy);
-  EXPECT_EQ(c.optimizer.type, OptimizerKind::kAdam);
+  EXPECT_EQ(c.optimizer.type, "adam");
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.001);
   EXPECT_EQ(c.optimizer.betas, (std::vector<double>{0.9, 0.999}));
   EXPECT_EQ(c.training.epochs, 5);
@@ -73,7 +78,7 @@ TEST(ParseConfig, DefaultsForAMinimalConfig) {
   EXPECT_EQ(c.seed, 0u);
   EXPECT_EQ(c.data.dir, "data/mnist");
   EXPECT_EQ(c.data.batch_size, 128);
-  EXPECT_EQ(c.optimizer.type, OptimizerKind::kAdam);
+  EXPECT_EQ(c.optimizer.type, "adam");
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
   EXPECT_EQ(c.training.epochs, 1);
   EXPECT_EQ(c.training.progress, ProgressMode::kAuto);
@@ -254,7 +259,7 @@ TEST(ParseConfig, ResnetPresetsAndSyntheticDataRoundTrip) {
   const Config r50 = parse_config(read_json_file(kSource + "/configs/resnet50_synthetic.json"));
   EXPECT_EQ(r50.model.architecture, "resnet50");
   EXPECT_EQ(r50.model.num_classes, 1000);
-  EXPECT_EQ(r50.data.dataset, DatasetKind::kSynthetic);
+  EXPECT_EQ(r50.data.dataset, "synthetic");
   EXPECT_EQ(r50.data.synthetic.samples, 1024);
   EXPECT_FALSE(r50.distributed.sync_batchnorm);
   EXPECT_TRUE(r50.distributed.broadcast_buffers);
@@ -324,7 +329,7 @@ TEST(Config, PowerSgdKeysAndTheirDefaults) {
   Json j = mnist();
   j["distributed"]["compression"] = "powersgd";
   const Config defaults = parse_config(j);
-  EXPECT_EQ(defaults.distributed.compression, distributed::Compression::kPowerSgd);
+  EXPECT_EQ(defaults.distributed.compression, "powersgd");
   EXPECT_EQ(defaults.distributed.powersgd.rank, 2);
   EXPECT_EQ(defaults.distributed.powersgd.start_step, 100);
   EXPECT_EQ(defaults.distributed.powersgd.min_compression_rate, 2);
@@ -354,6 +359,47 @@ TEST(ConfigErrors, PowerSgdKeys) {
   Json deterministic = base;
   deterministic["distributed"]["deterministic"] = true;
   expect_config_error(deterministic, {"distributed.deterministic", "distributed.compression = \"powersgd\""});
+}
+
+// "auto" resolves by the rule of gradient_sync_of; an explicit strategy must agree with the other keys.
+TEST(Config, GradientSyncAutoAndExplicit) {
+  Json j = mnist();
+  EXPECT_EQ(gradient_sync_of(parse_config(j)), "allreduce");
+  j["distributed"]["compression"] = "fp16";
+  EXPECT_EQ(gradient_sync_of(parse_config(j)), "allreduce");
+  j["distributed"]["compression"] = "powersgd";
+  EXPECT_EQ(gradient_sync_of(parse_config(j)), "powersgd");
+  j["distributed"]["compression"] = "none";
+  j["distributed"]["deterministic"] = true;
+  EXPECT_EQ(gradient_sync_of(parse_config(j)), "exact_sum");
+  j["distributed"]["gradient_sync"] = "exact_sum";
+  EXPECT_EQ(gradient_sync_of(parse_config(j)), "exact_sum");
+  // Explicit PowerSGD without the compression key: its section applies.
+  Json explicit_powersgd = mnist();
+  explicit_powersgd["distributed"]["gradient_sync"] = "powersgd";
+  explicit_powersgd["distributed"]["powersgd"] = {{"rank", 3}};
+  EXPECT_EQ(parse_config(explicit_powersgd).distributed.powersgd.rank, 3);
+  EXPECT_EQ(to_json(parse_config(to_json(parse_config(explicit_powersgd)))),
+            to_json(parse_config(explicit_powersgd)));
+}
+
+TEST(ConfigErrors, GradientSyncKeys) {
+  Json unknown = mnist();
+  unknown["distributed"]["gradient_sync"] = "zero1";
+  expect_config_error(unknown, {"distributed.gradient_sync", "\"auto\"", "\"allreduce\"", "\"exact_sum\""});
+  Json exact = mnist();
+  exact["distributed"]["gradient_sync"] = "exact_sum";
+  expect_config_error(exact,
+                      {"distributed.gradient_sync = \"exact_sum\"", "distributed.deterministic = true"});
+  Json deterministic = mnist();
+  deterministic["distributed"]["deterministic"] = true;
+  deterministic["distributed"]["gradient_sync"] = "allreduce";
+  expect_config_error(deterministic, {"distributed.gradient_sync = \"allreduce\"", "\"exact_sum\""});
+  Json mismatch = mnist();
+  mismatch["distributed"]["compression"] = "powersgd";
+  mismatch["distributed"]["gradient_sync"] = "allreduce";
+  expect_config_error(mismatch, {"distributed.compression = \"powersgd\"", "\"powersgd\" (or \"auto\")",
+                                 "not \"allreduce\""});
 }
 
 TEST(ReadJsonFile, MissingFileAndSyntaxErrorNameTheFile) {
@@ -398,7 +444,7 @@ TEST(ApplyOverride, BareWordBecomesAString) {
   // A value with '=' in it: only the first '=' separates key and value.
   apply_override(j, "output_dir=a=b");
   EXPECT_EQ(j["output_dir"], "a=b");
-  EXPECT_EQ(parse_config(j).data.dataset, DatasetKind::kFashionMnist);
+  EXPECT_EQ(parse_config(j).data.dataset, "fashion_mnist");
 }
 
 // The optional sections (data, optimizer, training) may be absent from a config; --set must still be
@@ -410,7 +456,7 @@ TEST(ApplyOverride, SetsAKeyInAnAbsentOptionalSection) {
   EXPECT_EQ(j["training"]["epochs"], 2);
   const Config c = parse_config(j);
   EXPECT_EQ(c.training.epochs, 2);
-  EXPECT_EQ(c.optimizer.type, OptimizerKind::kSgd);
+  EXPECT_EQ(c.optimizer.type, "sgd");
 }
 
 TEST(ApplyOverride, InvalidAssignments) {
@@ -437,6 +483,194 @@ TEST(ApplyOverride, NewUnknownKeyIsRejectedByParse) {
   Json k = mnist();
   apply_override(k, "data.batch_size=\"x\"");
   expect_config_error(k, {"data.batch_size", "expected an integer"});
+}
+
+// ---- Where keys apply, and the generated reference -----------------------------------------
+
+// Keys that only mean something in another mode are accepted (a config may switch modes with one
+// --set) but left out of the resolved config, which must parse back.
+TEST(ParseConfig, KeysOfAnotherModeAreIgnoredAndNotPrinted) {
+  Json j = mnist();
+  j["optimizer"] = Json::parse(R"({"type": "sgd", "schedule": "constant", "gamma": 0.5, "min_lr": 0.1,
+                                   "betas": [0.8, 0.9], "eps": 1e-6})");
+  const Json resolved = to_json(parse_config(j));
+  for (const char* key : {"gamma", "step_size_epochs", "min_lr", "betas", "eps"})
+    EXPECT_FALSE(resolved["optimizer"].contains(key)) << key;
+  EXPECT_EQ(to_json(parse_config(resolved)), resolved);
+  j["optimizer"]["schedule"] = "step";
+  EXPECT_EQ(to_json(parse_config(j))["optimizer"]["gamma"], 0.5);
+  Json bad = j;
+  bad["optimizer"]["gamma"] = 2;  // ignored or not, a value out of range is an error
+  expect_config_error(bad, {"optimizer.gamma", "out of range"});
+}
+
+// The resolved config of a minimal one is exactly the table's defaults (and no more keys).
+TEST(ParseConfig, ResolvedDefaultsOfAMinimalConfig) {
+  const Json resolved =
+      to_json(parse_config(Json::parse(R"({"model": {"input_shape": [4], "layers": [{"type": "relu"}]}})")));
+  EXPECT_EQ(resolved["data"]["dir"], "data/mnist");
+  EXPECT_EQ(resolved["optimizer"]["lr"], 1e-3);
+  EXPECT_EQ(resolved["optimizer"]["betas"], Json::parse("[0.9, 0.999]"));
+  EXPECT_EQ(resolved["checkpoint"]["dir"], "runs/default/checkpoints");
+  EXPECT_FALSE(resolved["distributed"].contains("powersgd"));
+  EXPECT_FALSE(resolved["distributed"].contains("deterministic_micro_batch"));
+  EXPECT_FALSE(resolved["model"].contains("architecture"));
+  EXPECT_FALSE(resolved["data"].contains("linear"));
+  EXPECT_EQ(resolved.size(), 11u);
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The first line where two texts differ, both versions; "" where they are equal.
+std::string first_difference(const std::string& checked_in, const std::string& generated) {
+  std::stringstream a(checked_in), b(generated);
+  std::string line_a, line_b;
+  for (int line = 1;; ++line) {
+    const bool more_a = static_cast<bool>(std::getline(a, line_a)),
+               more_b = static_cast<bool>(std::getline(b, line_b));
+    if (!more_a && !more_b) return "";
+    if (more_a != more_b || line_a != line_b)
+      return "line " + std::to_string(line) + ":\n  checked in: " + (more_a ? line_a : "<end>") +
+             "\n  generated:  " + (more_b ? line_b : "<end>");
+  }
+}
+
+TEST(ConfigReference, CheckedInPageIsCurrent) {
+  const std::string difference =
+      first_difference(slurp(kSource + "/docs/config.md"), config_reference_markdown());
+  EXPECT_EQ(difference, "")
+      << "docs/config.md differs from the config table in trainer/config.cpp at " << difference
+      << "\nregenerate it with\n  build/trainer --print-config-reference > docs/config.md";
+}
+
+TEST(ConfigReference, FuzzDictionaryHoldsTheGeneratedBlock) {
+  const std::string dictionary = slurp(kSource + "/tests/fuzz/config.dict");
+  EXPECT_NE(dictionary.find(config_fuzz_dictionary()), std::string::npos)
+      << "tests/fuzz/config.dict lacks the config table's current keys; regenerate its generated block with\n"
+         "  sed -i '/^# BEGIN generated/,$d' tests/fuzz/config.dict &&\n"
+         "  build/trainer --print-config-reference=dict >> tests/fuzz/config.dict";
+}
+
+// What `trainer --print-config-reference[=dict]` prints, without a config (and without MPI).
+TEST(ConfigReference, TrainerPrintsBoth) {
+  for (const auto& [flag, expected] :
+       {std::pair{"", config_reference_markdown()}, std::pair{"=dict", config_fuzz_dictionary()}}) {
+    const std::string command = std::string("'") + DPTRAIN_TRAINER_PATH + "' --print-config-reference" + flag;
+    FILE* pipe = ::popen(command.c_str(), "r");
+    ASSERT_NE(pipe, nullptr);
+    std::string out;
+    char buffer[4096];
+    for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) out.append(buffer, n);
+    EXPECT_EQ(::pclose(pipe), 0) << command;
+    EXPECT_EQ(out, expected) << command;
+  }
+}
+
+// Every key a resolved config holds is on the reference page (the page and --print-config come from
+// one table, so this fails only if the table stops describing a field it prints).
+TEST(ConfigReference, DescribesEveryResolvedKey) {
+  const std::string page = config_reference_markdown();
+  Json j = mnist();
+  j["optimizer"] = Json::parse(R"({"type": "sgd", "schedule": "step"})");
+  j["distributed"] = Json::parse(R"({"compression": "powersgd"})");
+  std::vector<Json> resolved = {
+      to_json(parse_config(j)),
+      to_json(parse_config(read_json_file(kSource + "/configs/resnet50_synthetic.json"))),
+      to_json(parse_config(read_json_file(kSource + "/configs/linear_regression.json")))};
+  j["optimizer"]["schedule"] = "cosine";
+  j["distributed"] = Json::parse(R"({"deterministic": true})");
+  resolved.push_back(to_json(parse_config(j)));
+  for (const Json& r : resolved) {
+    const Json flat = r.flatten();
+    for (const auto& item : flat.items()) {
+      // "/data/linear/coefficients/0" -> "data.linear.coefficients": up to the first list index.
+      std::string key, segment;
+      std::stringstream pointer(item.key().substr(1));
+      while (std::getline(pointer, segment, '/') &&
+             segment.find_first_not_of("0123456789") != std::string::npos)
+        key += (key.empty() ? "" : ".") + segment;
+      EXPECT_NE(page.find("| `" + key + "` |"), std::string::npos) << key;
+    }
+  }
+}
+
+// ---- The table machinery on its own (core/config_table.h) -----------------------------------
+
+struct Toy {
+  std::string name;
+  int64_t count{};
+  struct Extra {
+    double x{};
+  } extra;
+};
+
+// A registry's names: a choice whose names live outside the table.
+std::vector<std::string> toy_names() {
+  return {"alpha", "beta"};
+}
+
+const config_table::Section<Toy>& toy_table() {
+  using namespace config_table;
+  static const Table<Toy> table = [] {
+    Table<Toy> t("A toy.");
+    auto top = t.root();
+    const When<Toy> beta{R"(name = "beta")", [](const Toy& toy) { return toy.name == "beta"; },
+                         rule("applies to beta only")};
+    const auto count =
+        computed("2 for beta, else 1", [](const Toy& toy) { return toy.name == "beta" ? 2 : 1; });
+    top.field("name", &Toy::name, "alpha", toy_names, "Which one.");
+    top.field("count", &Toy::count, count, Range{0, 9}, "How many.");
+    top.section("extra", &Toy::extra, "Beta's extra.", beta).field("x", &Toy::Extra::x, 0.5, Any{}, "X.");
+    return t;
+  }();
+  return table.section();
+}
+
+Toy read_toy(const Json& json) {
+  Toy toy;
+  config_table::read_section(toy_table(), json, toy);
+  return toy;
+}
+
+TEST(ConfigTable, RegistryChoicesComputedDefaultsAndConditions) {
+  const Toy alpha = read_toy(Json::object());
+  EXPECT_EQ(alpha.name, "alpha");
+  EXPECT_EQ(alpha.count, 1);
+  EXPECT_EQ(alpha.extra.x, 0.5);  // filled in even where it does not apply
+  EXPECT_EQ(config_table::write_section(toy_table(), alpha), Json::parse(R"({"name": "alpha", "count": 1})"));
+  const Toy beta = read_toy(Json::parse(R"({"name": "beta", "extra": {"x": 2}})"));
+  EXPECT_EQ(beta.count, 2);
+  EXPECT_EQ(config_table::write_section(toy_table(), beta),
+            Json::parse(R"({"name": "beta", "count": 2, "extra": {"x": 2.0}})"));
+  expect_error([] { read_toy(Json::parse(R"({"name": "gamma"})")); },
+               {"config key name = \"gamma\" is not one of \"alpha\", \"beta\""});
+  expect_error([] { read_toy(Json::parse(R"({"extra": {"x": 1}})")); },
+               {"config key extra applies to beta only"});
+  expect_error([] { read_toy(Json::parse(R"({"count": 10})")); },
+               {"config key count = 10 is out of range [0, 9]"});
+  expect_error([] { read_toy(Json::parse(R"({"name": "beta", "extra": {"y": 1}})")); },
+               {"config key extra.y is not a known key"});
+}
+
+TEST(ConfigTable, DescribesFieldsForTheReference) {
+  std::vector<config_table::SectionDoc> sections;
+  config_table::describe(toy_table(), sections);
+  const std::string page = config_table::render_reference(sections, "# Toy\n");
+  EXPECT_NE(page.find("| `name` | string | `\"alpha\"` | `\"alpha\"`, `\"beta\"` |  | Which one. |"),
+            std::string::npos)
+      << page;
+  EXPECT_NE(page.find("| `count` | integer | 2 for beta, else 1 | [0, 9] |"), std::string::npos) << page;
+  EXPECT_NE(page.find("Applies when `name = \"beta\"`"), std::string::npos) << page;
+  const std::string dictionary = config_table::render_fuzz_dictionary(sections);
+  for (const char* entry :
+       {R"("\"name\"")", R"("\"extra\"")", R"("\"x\"")", R"("\"beta\"")", R"("extra.x=")"})
+    EXPECT_NE(dictionary.find(std::string(entry) + "\n"), std::string::npos) << entry << " in\n"
+                                                                             << dictionary;
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // One job per run directory: a second lock on a held directory is refused naming the holder; the
 // file goes when the holder ends; a file left by a dead holder is taken over, saying so.
-#include "trainer/run_lock.h"
+#include "trainer/directory_lock.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "tests/test_util.h"
 
 namespace dptrain::trainer {
 namespace {
@@ -21,7 +22,7 @@ namespace fs = std::filesystem;
 class RunLock : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = (fs::temp_directory_path() / ("dptrain_lock_" + std::to_string(::getpid()))).string();
+    dir_ = test_util::temp_path("lock");
     fs::remove_all(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }

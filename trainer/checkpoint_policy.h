@@ -1,6 +1,6 @@
 // When checkpoints are written, and what starting a run does with the ones on disk: the policy
 // (decided here, and only here), the fresh start's clean-up, and finding the checkpoint that
-// --resume auto|PATH continues from. The file format itself is trainer/checkpoint.h.
+// --resume auto|PATH continues from. The file format itself is trainer/checkpoint_file.h.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-#include "trainer/checkpoint.h"
+#include "trainer/checkpoint_file.h"
 #include "trainer/config.h"
 #include "trainer/faults.h"
 

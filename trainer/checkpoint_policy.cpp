@@ -1,5 +1,5 @@
 // Checkpoint policy, writing, clean-up and the search for a resume point.
-#include "trainer/checkpointing.h"
+#include "trainer/checkpoint_policy.h"
 
 #include <chrono>
 #include <csignal>

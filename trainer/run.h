@@ -50,7 +50,7 @@ struct TrainingResult {
 };
 
 // Runs the configured training on this process's world. Rank 0 holds the run directories' locks
-// (trainer/run_lock.h) throughout.
+// (trainer/directory_lock.h) throughout.
 TrainingResult train(const Config& config, const distributed::World& world, const RunOptions& options = {});
 
 struct BenchmarkOptions {

@@ -1,5 +1,5 @@
 // Checkpoint encoding, durable writing, validation, listing and pruning.
-#include "trainer/checkpoint.h"
+#include "trainer/checkpoint_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,5 +1,5 @@
 // DirectoryLock: flock on "<dir>/.dptrain.lock", holder named in the file.
-#include "trainer/run_lock.h"
+#include "trainer/directory_lock.h"
 
 #include <fcntl.h>
 #include <sys/file.h>

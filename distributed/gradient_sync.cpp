@@ -1,0 +1,51 @@
+// The registry of gradient-sync strategies: one line per strategy in entries().
+#include "distributed/gradient_sync.h"
+
+#include <span>
+
+#include "core/registry.h"
+#include "distributed/gradient_encoding.h"
+
+namespace dptrain::distributed {
+
+// Defined in their own files.
+std::unique_ptr<GradientSync> make_allreduce_sync(const GradientSyncContext& context);
+std::unique_ptr<GradientSync> make_powersgd_sync(const GradientSyncContext& context);
+std::unique_ptr<GradientSync> make_exact_sum_sync(const GradientSyncContext& context);
+
+namespace {
+
+std::span<const GradientSyncEntry* const> entries() {
+  static const GradientSyncEntry kAllreduce{"allreduce", make_allreduce_sync, {}},
+      kPowerSgd{"powersgd", make_powersgd_sync, {"powersgd.q", "powersgd.error"}, /*is_compression=*/true},
+      kExactSum{"exact_sum", make_exact_sum_sync, {}};
+  static const GradientSyncEntry* const kEntries[] = {&kAllreduce, &kPowerSgd, &kExactSum};
+  return kEntries;
+}
+
+}  // namespace
+
+std::unique_ptr<GradientSync> make_gradient_sync(const std::string& name,
+                                                 const GradientSyncContext& context) {
+  return find_registered<GradientSyncEntry>(entries(), name, "gradient sync").make(context);
+}
+
+std::vector<std::string> gradient_sync_names() {
+  return registered_names<GradientSyncEntry>(entries());
+}
+
+std::vector<std::string> gradient_sync_state_names() {
+  std::vector<std::string> names;
+  for (const GradientSyncEntry* e : entries())
+    names.insert(names.end(), e->state_names.begin(), e->state_names.end());
+  return names;
+}
+
+std::vector<std::string> compression_names() {
+  std::vector<std::string> names = gradient_encoding_names();
+  for (const GradientSyncEntry* e : entries())
+    if (e->is_compression) names.push_back(e->name);
+  return names;
+}
+
+}  // namespace dptrain::distributed

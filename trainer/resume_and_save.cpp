@@ -1,0 +1,147 @@
+// Checkpoints of a run: resuming (rank 0 reads, start() hands out), model.init_from, writing them,
+// and the note a signal-stopped run leaves.
+#include <cstdio>
+#include <fstream>
+#include <optional>
+
+#include "core/error.h"
+#include "core/safetensors.h"
+#include "layers/build.h"
+#include "trainer/trainer.h"
+
+namespace dptrain::trainer {
+
+// Rank 0: loads `which` ("auto" or a path) into the parameters, optimizer state and position_.
+void Trainer::resume(const std::string& which) {
+  const std::optional<Checkpoint> found = checkpoints_.find(which, [&](const Checkpoint& c) {
+    DPTRAIN_CHECK(c.position.epoch_samples_done < train_set_.size, c.path, ": its position (sample ",
+                  c.position.epoch_samples_done, " of epoch ", c.position.epochs_completed + 1,
+                  ") lies beyond the ", train_set_.size, " training samples configured now");
+    check_deterministic_resume(c);
+    const std::vector<NamedTensor> state = optimizer_->state();
+    // A gradient sync's state is optional either way: the strategy may change at a resume.
+    restore(c, model_state(), &state, distributed::gradient_sync_state_names());
+    gradient_sync_->resume_state(
+        [&](const std::string& name) { return c.file.find(std::string(kOptimizerPrefix) + name); }, c.path);
+  });
+  if (!found) {
+    std::printf("dptrain: --resume auto: no checkpoint in %s; starting fresh\n",
+                config_.checkpoint.dir.c_str());
+    return;
+  }
+  const Checkpoint& c = *found;
+  position_ = c.position;
+  optimizer_->set_steps_taken(c.position.optimizer_steps);
+  resumed_ = true;
+  const std::string written = c.meta("world_size") + " rank(s) x batch " + c.meta("batch_size");
+  const std::string now =
+      std::to_string(world_.size()) + " rank(s) x batch " + std::to_string(config_.data.batch_size);
+  std::printf("dptrain: resuming from %s: step %lld, epoch %lld at sample %lld of %lld (written on %s%s)\n",
+              c.path.c_str(), static_cast<long long>(c.position.global_step),
+              static_cast<long long>(c.position.epochs_completed + 1),
+              static_cast<long long>(c.position.epoch_samples_done), static_cast<long long>(train_set_.size),
+              written.c_str(),
+              written == now ? "" : (", now " + now + ": same samples, lr rescaled").c_str());
+}
+
+// model.init_from: weights only, from a checkpoint (validated) or a plain safetensors file.
+void Trainer::init_from(const std::string& path) {
+  safetensors::File file = safetensors::load(path);
+  if (file.metadata.contains("dptrain_checkpoint_version")) {
+    restore(validate_checkpoint(std::move(file), path), model_state(), nullptr);
+  } else {
+    layers::load_parameters(*model_, file, path);
+  }
+}
+
+// Every rank calls it: the gradient sync's state may need a collective.
+void Trainer::save_checkpoint() {
+  std::vector<NamedTensor> training_state = optimizer_->state();
+  for (NamedTensor& t : gradient_sync_->checkpoint_state()) training_state.push_back(std::move(t));
+  const Json sampler = {{"seed", config_.seed},
+                        {"shuffle", config_.data.shuffle},
+                        {"drop_last", config_.data.drop_last},
+                        {"dataset_size", train_set_.size},
+                        {"epoch", position_.epochs_completed},
+                        {"first_sample", position_.epoch_samples_done}};
+  const Json rng = {
+      {"seed", config_.seed},
+      {"dropout", deterministic_ ? "reseeded each micro-batch from (seed, global_step, micro-batch)"
+                                 : "reseeded each pass from (seed, rank, global_step, pass)"},
+      {"initialisation", "from (seed, parameter name)"}};
+  const std::string note =
+      checkpoints_.save({.parameters = model_state(),
+                         .optimizer_state = training_state,
+                         .position = position_,
+                         .metadata = {{"producer", "dptrain"},
+                                      {"world_size", std::to_string(world_.size())},
+                                      {"batch_size", std::to_string(config_.data.batch_size)},
+                                      {"backward_passes_per_step",
+                                       std::to_string(config_.distributed.backward_passes_per_step)},
+                                      {"deterministic", deterministic_metadata().dump()},
+                                      {"optimizer", config_.optimizer.type},
+                                      {"lr", std::to_string(lr_)},
+                                      {"sampler", sampler.dump()},
+                                      {"rng", rng.dump()},
+                                      {"config", to_json(config_).dump()}}});
+  if (!note.empty()) progress_.note(note);
+}
+
+// Rank 0 records the stop beside the checkpoints (stop_note_path): under mpirun, a SIGTERM to
+// mpirun itself makes mpirun exit 1 whatever the ranks return, and a wrapper can still tell.
+void Trainer::write_stop_note(const std::string& why) const {
+  if (!world_.is_root()) return;
+  const std::string checkpoint = config_.checkpoint.dir + "/" + checkpoint_file_name(position_.global_step);
+  const Json note = {{"stopped_by", why},
+                     {"global_step", position_.global_step},
+                     {"checkpoint", checkpoint},
+                     {"exit_status", kExitStoppedWithCheckpoint},
+                     {"resume", "run the same command with --resume auto"}};
+  std::ofstream(stop_note_path(config_)) << note.dump() << "\n";
+  std::fflush(stdout);
+  std::fprintf(stderr,
+               "dptrain: stopped by %s after step %lld, checkpoint %s written; exiting with status %d "
+               "(resume with --resume auto)\n",
+               why.c_str(), static_cast<long long>(position_.global_step), checkpoint.c_str(),
+               kExitStoppedWithCheckpoint);
+}
+
+Json Trainer::deterministic_metadata() const {
+  if (!deterministic_) return false;
+  return {{"micro_batch", config_.distributed.deterministic_micro_batch}, {"global_batch", global_batch()}};
+}
+
+// Bit-for-bit continuation needs the same micro-batches: the same global batch and micro-batch size.
+void Trainer::check_deterministic_resume(const Checkpoint& c) const {
+  if (!deterministic_) return;
+  const auto entry = c.file.metadata.find("deterministic");
+  const Json then = entry == c.file.metadata.end() ? Json(false) : Json::parse(entry->second, nullptr, false);
+  const auto number = [&](const char* key) -> int64_t {
+    return then.is_object() && then.contains(key) && then[key].is_number_integer() ? then[key].get<int64_t>()
+                                                                                   : -1;
+  };
+  if (!then.is_object()) {
+    std::printf(
+        "dptrain: %s was not written in distributed.deterministic mode; training continues "
+        "deterministically from it\n",
+        c.path.c_str());
+    return;
+  }
+  const int64_t batch = number("global_batch"), micro = number("micro_batch");
+  const int64_t micro_now = config_.distributed.deterministic_micro_batch;
+  if (batch == global_batch() && micro == micro_now) return;
+  const int64_t per_rank = world_.size() * config_.distributed.backward_passes_per_step;
+  const std::string fix =
+      batch % per_rank == 0
+          ? "set data.batch_size = " + std::to_string(batch / per_rank)
+          : "use ranks x data.batch_size x backward_passes_per_step = " + std::to_string(batch);
+  DPTRAIN_FAIL(c.path, ": written in distributed.deterministic mode with a global batch of ", batch,
+               " in micro-batches of ", micro, "; this run has ", global_batch(), " (", world_.size(),
+               " rank(s) x data.batch_size ", config_.data.batch_size, " x ",
+               config_.distributed.backward_passes_per_step, " backward pass(es)) in micro-batches of ",
+               micro_now, ". To continue bit for bit, ", fix,
+               " and distributed.deterministic_micro_batch = ", micro,
+               "; or set distributed.deterministic to false");
+}
+
+}  // namespace dptrain::trainer

@@ -1,0 +1,459 @@
+// The training run: set-up (model, data, optimizer, schedule, gradient sync), the epoch loop with
+// evaluation and metrics (the step itself is step.cpp), and the entry points of run.h. Before the
+// first step every rank takes rank 0's parameters, optimizer state and position (fresh, or read from
+// a checkpoint by rank 0 alone); rank 0 writes checkpoints as training goes.
+#include "trainer/run.h"
+
+#include <omp.h>
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "core/ops.h"
+#include "core/safetensors.h"
+#include "core/timeline.h"
+#include "data/registry.h"
+#include "distributed/cross_replica_sum.h"
+#include "distributed/mpi_communicator.h"
+#include "distributed/state_sync.h"
+#include "layers/build.h"
+#include "optim/registry.h"
+#include "trainer/devices.h"
+#include "trainer/directory_lock.h"
+#include "trainer/phase.h"
+#include "trainer/trainer.h"
+
+namespace dptrain::trainer {
+namespace {
+
+// The directories a run writes: output_dir, and checkpoint.dir when it lies elsewhere.
+std::vector<std::string> run_directories(const Config& c) {
+  namespace fs = std::filesystem;
+  const fs::path output = fs::weakly_canonical(c.output_dir),
+                 checkpoints = fs::weakly_canonical(c.checkpoint.dir);
+  if (std::mismatch(output.begin(), output.end(), checkpoints.begin(), checkpoints.end()).first ==
+      output.end())
+    return {c.output_dir};
+  return {c.output_dir, c.checkpoint.dir};
+}
+
+std::unique_ptr<layers::Sequential> build_model(const ModelConfig& m, uint64_t seed) {
+  return m.architecture.empty()
+             ? layers::build_sequential(m.layers, m.input_shape, seed)
+             : layers::build_architecture(m.architecture, m.input_shape, m.num_classes, seed);
+}
+
+// `model` sets the classes of generated data: the width of its output.
+data::Dataset load_dataset(const Config& c, const layers::Module& model, bool train) {
+  const DataConfig& d = c.data;
+  const Shape out = model.output_shape(c.model.input_shape);
+  return data::dataset_format(d.dataset).load(
+      {.train = train,
+       .dir = d.dir,
+       .mean = static_cast<float>(d.mean),
+       .std = static_cast<float>(d.std),
+       .max_samples = train ? d.max_train_samples : d.max_test_samples,
+       .seed = c.seed,
+       .sample_shape = c.model.input_shape,
+       .model_classes = out.size() == 1 ? out[0] : 0,
+       .linear = d.linear,
+       .synthetic = d.synthetic});
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const OptimizerConfig& o, const FlatParameters& parameters) {
+  return optim::make_optimizer(o.type, parameters,
+                               {.momentum = o.momentum,
+                                .dampening = o.dampening,
+                                .nesterov = o.nesterov,
+                                .weight_decay = o.weight_decay,
+                                .beta1 = o.betas[0],
+                                .beta2 = o.betas[1],
+                                .eps = o.eps});
+}
+
+// The data set against the model and the world: what the config alone could not check.
+void check_data_fits(const Config& c, const data::Dataset& train, const data::ShardedSampler& sampler,
+                     const distributed::World& world) {
+  const std::string& dataset = c.data.dataset;
+  DPTRAIN_CHECK(c.model.input_shape == train.sample_shape,
+                "config key model.input_shape = ", shape_str(c.model.input_shape),
+                " does not match the samples of data.dataset \"", dataset, "\" (",
+                shape_str(train.sample_shape), ")");
+  const bool regression = !train.targets.empty();
+  DPTRAIN_CHECK(c.model.loss == LossKind::kMse || !regression, "data.dataset \"", dataset,
+                "\" is a regression dataset; set model.loss to \"mse\"");
+  DPTRAIN_CHECK(
+      c.model.loss == LossKind::kCrossEntropy || regression,
+      "model.loss \"mse\" needs a regression dataset (data.dataset \"linear\"); use \"cross_entropy\" for "
+      "classes");
+  DPTRAIN_CHECK(sampler.steps_per_epoch() > 0, "data.batch_size ", c.data.batch_size, " x ", world.size(),
+                " ranks is larger than the ", train.size, " training samples with data.drop_last");
+  DPTRAIN_CHECK(train.size >= world.size(), "only ", train.size, " training samples for ", world.size(),
+                " ranks: every rank needs at least one sample per step");
+}
+
+std::unique_ptr<optim::LrSchedule> make_schedule(const Config& c, const distributed::World& world) {
+  return std::make_unique<optim::LrSchedule>(optim::ScheduleOptions{
+      .base_lr = c.optimizer.lr,
+      .scaling = c.optimizer.lr_scaling,
+      .world_size = world.size(),
+      .backward_passes_per_step = static_cast<int>(c.distributed.backward_passes_per_step),
+      .warmup_epochs = c.optimizer.warmup_epochs,
+      .decay = c.optimizer.schedule,
+      .step_size_epochs = c.optimizer.step_size_epochs,
+      .gamma = c.optimizer.gamma,
+      .total_epochs = static_cast<double>(c.training.epochs),
+      .min_lr = c.optimizer.min_lr});
+}
+
+distributed::GradientSyncOptions gradient_sync_options(const Config& c) {
+  const DistributedConfig& d = c.distributed;
+  const std::string& compression = c.distributed.compression;
+  const std::vector<std::string> encodings = distributed::gradient_encoding_names();
+  return {.encoding = std::ranges::find(encodings, compression) != encodings.end() ? compression : "none",
+          .fusion_threshold_mb = d.fusion_threshold_mb,
+          .first_bucket_mb = d.first_bucket_mb,
+          .overlap = d.overlap,
+          .check_finite = d.check_finite,
+          .powersgd = {.rank = d.powersgd.rank,
+                       .start_step = d.powersgd.start_step,
+                       .min_compression_rate = d.powersgd.min_compression_rate,
+                       .seed = c.seed,
+                       .check_finite = d.check_finite},
+          .micro_batch_samples = d.deterministic_micro_batch};
+}
+
+// CPU threads per rank: the configured number, or this host's cores shared among its ranks.
+void use_threads(const Config& config, const distributed::World& world) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = config.threads > 0 ? config.threads : std::max(1, cores / world.local_size());
+  omp_set_num_threads(threads);
+  // Eigen blocks a GEMM's inner dimension differently when it runs on several threads, which changes
+  // the rounding; the project's own OpenMP loops split work by output element and do not. So the
+  // deterministic mode keeps GEMMs on one thread and the rest on all.
+  Eigen::setNbThreads(config.distributed.deterministic ? 1 : threads);
+}
+
+}  // namespace
+
+Trainer::Trainer(const Config& config, const distributed::World& world)
+    : config_(config),
+      world_(world),
+      device_(choose_run_device(config, world)),
+      comm_(std::make_unique<distributed::MpiCommunicator>(
+          world, distributed::StallPolicy{.warning_s = config.distributed.stall_warning_s,
+                                          .abort_s = config.distributed.stall_abort_s})),
+      device_comm_(make_device_communicator(config, device_, *comm_)),
+      state_comm_(device_comm_ ? device_comm_.get() : comm_.get()),
+      model_(build_model(config.model, config.seed)),
+      train_set_(load_dataset(config, *model_, true)),
+      test_set_(load_dataset(config, *model_, false)),
+      deterministic_(config.distributed.deterministic),
+      sampler_(train_set_.size,
+               config.data.batch_size * (deterministic_ ? config.distributed.backward_passes_per_step : 1),
+               world.rank(), world.size(), config.seed, config.data.shuffle, config.data.drop_last,
+               deterministic_ ? config.distributed.deterministic_micro_batch : 0),
+      batches_per_step_(deterministic_ ? 1 : config.distributed.backward_passes_per_step),
+      progress_(world.is_root(), config.training.progress, config.training.log_every_steps),
+      fault_(InjectedFault::from_environment()),
+      checkpoints_(config.checkpoint, world.rank(), fault_) {
+  check_data_fits(config, train_set_, sampler_, world);
+  parameters_ = std::make_unique<FlatParameters>(model_->named_parameters(), device_);
+  buffers_ = std::make_unique<FlatParameters>(model_->named_buffers(), device_);
+  if (config.distributed.sync_batchnorm && world.size() > 1) {
+    batch_stats_sync_ = std::make_unique<distributed::CommunicatorSum>(*state_comm_);
+    model_->sync_batch_statistics(batch_stats_sync_.get());
+  }
+  optimizer_ = make_optimizer(config.optimizer, *parameters_);
+  schedule_ = make_schedule(config, world);
+  if (deterministic_) {
+    DPTRAIN_CHECK(device_.is_host(),
+                  "config key distributed.deterministic runs on the CPU; this run's device is ",
+                  device_.str());
+    DPTRAIN_CHECK(buffers_->size() == 0,
+                  "config key distributed.deterministic does not take BatchNorm layers: their running "
+                  "statistics would follow whichever rank holds which micro-batch");
+  }
+  gradient_sync_ =
+      distributed::make_gradient_sync(gradient_sync_of(config), {.comm = *state_comm_,
+                                                                 .host_comm = *comm_,
+                                                                 .parameters = *parameters_,
+                                                                 .options = gradient_sync_options(config)});
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::start(const RunOptions& options) {
+  if (world_.is_root()) {
+    if (!options.resume.empty()) resume(options.resume);
+    if (!config_.model.init_from.empty() && !resumed_) init_from(config_.model.init_from);
+  }
+  position_.optimizer_steps = optimizer_->steps_taken();
+  int64_t scalars[] = {position_.optimizer_steps, position_.epochs_completed, position_.epoch_samples_done,
+                       position_.global_step,     position_.samples_seen,     resumed_};
+  std::vector<Tensor> state = {parameters_->values(), buffers_->values()};
+  for (const Tensor& slot : optimizer_->state_buffers()) state.push_back(slot);
+  distributed::broadcast_state(*comm_, *state_comm_, state, std::span<int64_t>(scalars));
+  gradient_sync_->share_state_from_rank0();
+  position_ = {.epochs_completed = scalars[1],
+               .epoch_samples_done = scalars[2],
+               .global_step = scalars[3],
+               .samples_seen = scalars[4],
+               .optimizer_steps = scalars[0]};
+  resumed_ = scalars[5] != 0;
+  optimizer_->set_steps_taken(position_.optimizer_steps);
+  checkpoints_.resumed_at(resumed_ ? position_.global_step : -1);
+  checksum_ = distributed::verify_identical(*comm_, parameters_->parameters());
+  if (!config_.distributed.timeline.empty()) {
+    comm_->barrier("barrier before the timeline starts");  // lines the ranks' tracks up
+    timeline::enable();
+  }
+}
+
+TrainingResult Trainer::run() {
+  if (world_.is_root()) {
+    std::filesystem::remove(stop_note_path(config_));  // a previous run's: this one decides anew
+    if (!resumed_) {
+      const std::string cleared = checkpoints_.clear_earlier();
+      if (!cleared.empty()) std::printf("%s\n", cleared.c_str());
+    }
+    print_summary(config_, summary());
+  }
+  MetricsLog metrics(config_, world_.is_root(), /*append=*/resumed_);
+  TrainingResult result;
+  for (int64_t epoch = position_.epochs_completed + 1;
+       epoch <= config_.training.epochs && !step_limit_reached() && !stop_.any(); ++epoch) {
+    EpochMetrics m = train_epoch(epoch);
+    // A stop request wants the checkpoint now: the grace before SIGKILL may be a second or two.
+    if (stop_.any()) break;
+    const Evaluation e = evaluate();
+    m.test_loss = e.loss;
+    m.test_accuracy = e.accuracy;
+    result.epochs.push_back(m);
+    if (world_.is_root()) print_epoch(config_, world_.size(), m);
+    metrics.write(m, world_.size());
+    if (checkpoints_.due_at_epoch_end(epoch, position_.global_step, m.stopped_early)) save_checkpoint();
+  }
+  if (checkpoints_.due_at_end(position_.global_step)) save_checkpoint();
+  if (stop_.any()) {
+    result.stopped_by = stop_.describe();
+    write_stop_note(result.stopped_by);
+    return result;
+  }
+  if (world_.is_root()) {
+    const std::string path = config_.output_dir + "/model.safetensors";
+    std::filesystem::create_directories(config_.output_dir);
+    std::vector<NamedTensor> weights;
+    for (const NamedTensor& p : model_state())
+      weights.push_back({p.name, p.tensor.to(Device::cpu()), p.stored});
+    safetensors::save(path, weights, {{"format", "pt"}, {"producer", "dptrain"}});
+    std::printf("final weights: %s\n", path.c_str());
+  }
+  if (!config_.distributed.timeline.empty()) write_timeline(*comm_, config_.distributed.timeline);
+  return result;
+}
+
+EpochMetrics Trainer::train_epoch(int64_t epoch) {
+  const int64_t first_sample = epoch == position_.epochs_completed + 1 ? position_.epoch_samples_done : 0;
+  sampler_.set_epoch(epoch - 1, first_sample);
+  model_->set_training(true);
+  const int64_t steps = (sampler_.steps_per_epoch() + batches_per_step_ - 1) / batches_per_step_;
+  progress_.begin_epoch(epoch, config_.training.epochs, steps);
+  StepTotals totals;
+  const auto start = Clock::now();
+  int64_t step = 0;
+  for (; step < steps && !step_limit_reached() && !stop_.any(); ++step) {
+    fault_.before_step(world_.rank(), position_.global_step);
+    train_step(epoch, step, totals);
+    progress_.update(
+        step, totals.loss_sum.value() / totals.samples,
+        config_.model.loss == LossKind::kMse ? -1.0 : static_cast<double>(totals.correct) / totals.samples,
+        totals.samples * world_.size() / seconds_since(start));
+    stop_ = agree_on_stop();
+    const bool epoch_ends = step + 1 == steps || step_limit_reached() || stop_.any();
+    if (!epoch_ends && checkpoints_.due_after_step(position_.global_step)) save_checkpoint();
+  }
+  progress_.end_epoch();
+  if (step == steps) {
+    position_.epochs_completed = epoch;
+    position_.epoch_samples_done = 0;
+  }
+
+  EpochMetrics m;
+  m.epoch = epoch;
+  m.step = position_.global_step;
+  m.lr = lr_;
+  m.epoch_seconds = seconds_since(start);
+  m.first_sample = first_sample;
+  m.step_times = mean_step_times(totals, m.epoch_seconds);
+  // Weighted by sample counts: ranks may hold different batch sizes in an epoch's last step.
+  distributed::ExactScalarSum loss = totals.loss_sum;
+  loss.allreduce(*comm_, "allreduce of the epoch's loss");
+  int64_t counts[2] = {totals.correct, totals.samples};
+  comm_->allreduce(std::span<int64_t>(counts), distributed::ReduceOp::kSum, "allreduce of epoch metrics");
+  const double samples = static_cast<double>(counts[1]);
+  m.train_loss = loss.value() / std::max(samples, 1.0);
+  m.train_accuracy = static_cast<double>(counts[0]) / std::max(samples, 1.0);
+  m.samples_per_sec = samples / m.epoch_seconds;
+  m.samples_per_sec_per_rank = m.samples_per_sec / world_.size();
+  m.stopped_early = step < steps;
+  m.gradient_bytes_per_step =
+      static_cast<double>(totals.payload_bytes) / static_cast<double>(std::max<int64_t>(totals.steps, 1));
+  return m;
+}
+
+// Without SyncBatchNorm each rank's running statistics follow its own batches; as DDP does, every
+// step and every evaluation starts from rank 0's, so all ranks evaluate and checkpoint one model.
+bool Trainer::buffers_follow_rank0() const {
+  return config_.distributed.broadcast_buffers && !batch_stats_sync_ && world_.size() > 1 &&
+         buffers_->size() > 0;
+}
+
+void Trainer::broadcast_buffers_from_rank0() {
+  state_comm_->broadcast(
+      std::span<float>(buffers_->values().data_ptr(), static_cast<std::size_t>(buffers_->size())), 0,
+      "broadcast of BatchNorm buffers from rank 0");
+}
+
+// The test set is cut into chunks of eval_batch_size in order, and each rank evaluates a contiguous
+// run of chunks. Each chunk is then computed alike on any number of ranks, and the sums are exact, so
+// the figures do not depend on the world size.
+Evaluation Trainer::evaluate() {
+  timeline::Span span("evaluate", "evaluate");
+  // The last step's forward moved each rank's running statistics on its own batch: evaluate the
+  // model rank 0 checkpoints (DDP broadcasts before every forward, evaluation's included).
+  if (buffers_follow_rank0()) broadcast_buffers_from_rank0();
+  NoGradGuard no_grad;
+  model_->set_training(false);
+  const int64_t n = test_set_.size, r = world_.rank(), size = world_.size(),
+                chunk = config_.data.eval_batch_size, chunks = (n + chunk - 1) / chunk;
+  const int64_t begin = std::min(n, chunks * r / size * chunk),
+                end = std::min(n, chunks * (r + 1) / size * chunk);
+  const bool mse = config_.model.loss == LossKind::kMse;
+  distributed::ExactScalarSum loss_sum;
+  int64_t correct = 0;
+  std::vector<int64_t> indices;
+  for (int64_t first = begin; first < end; first += chunk) {
+    const int64_t last = std::min(end, first + chunk);
+    indices.resize(last - first);
+    for (int64_t i = first; i < last; ++i) indices[i - first] = i;
+    load_batch(test_set_, indices);
+    const Tensor output = model_->forward(batch_.inputs);
+    const Tensor loss = loss_of(output);
+    loss_sum.add(static_cast<double>(loss.item()) * static_cast<double>(last - first));
+    if (!mse) correct += count_correct(output, batch_.labels);
+  }
+  loss_sum.allreduce(*comm_, "allreduce of the evaluation loss");
+  comm_->allreduce(std::span<int64_t>(&correct, 1), distributed::ReduceOp::kSum,
+                   "allreduce of correct predictions");
+  return {.loss = loss_sum.value() / static_cast<double>(n),
+          .accuracy = mse ? 0.0 : static_cast<double>(correct) / static_cast<double>(n),
+          .correct = correct,
+          .samples = n};
+}
+
+Evaluation Trainer::evaluate_checkpoint(const std::string& path) {
+  if (world_.is_root()) restore(read_checkpoint(path), model_state(), nullptr);
+  int64_t none = 0;
+  distributed::broadcast_state(*comm_, *state_comm_, {parameters_->values(), buffers_->values()},
+                               std::span<int64_t>(&none, 1));
+  const Evaluation e = evaluate();
+  if (world_.is_root()) print_evaluation(config_, world_.size(), path, e);
+  return e;
+}
+
+// ---- helpers ----
+
+// Once per step: one allreduce of three counters. Every rank leaves the loop after the same step, so
+// rank 0's checkpoint is of the step every rank stopped at.
+StopRequests Trainer::agree_on_stop() const {
+  StopRequests requests = StopRequests::of_this_process();
+  if (world_.size() == 1) return requests;
+  int64_t counts[3] = {requests.sigterm, requests.sigint, requests.sigusr1};
+  comm_->allreduce(std::span<int64_t>(counts), distributed::ReduceOp::kSum, "allreduce of stop requests");
+  return {.sigterm = counts[0], .sigint = counts[1], .sigusr1 = counts[2]};
+}
+
+std::vector<NamedTensor> Trainer::model_state() const {
+  return layers::state_tensors(*model_);
+}
+
+bool Trainer::step_limit_reached() const {
+  return config_.training.max_steps > 0 && position_.global_step >= config_.training.max_steps;
+}
+
+// Per-step means over all ranks' steps; `wall_seconds` is this rank's time for its totals.steps.
+StepTimes Trainer::mean_step_times(const StepTotals& t, double wall_seconds) {
+  double sums[6] = {t.data,      t.forward + t.backward, t.communication,
+                    t.optimizer, wall_seconds,           static_cast<double>(t.steps)};
+  comm_->allreduce(std::span<double>(sums), distributed::ReduceOp::kSum, "allreduce of step times");
+  const double per_step = 1.0 / std::max(sums[5], 1.0);
+  return {.data = sums[0] * per_step,
+          .compute = sums[1] * per_step,
+          .communication = sums[2] * per_step,
+          .optimizer = sums[3] * per_step,
+          .total = sums[4] * per_step};
+}
+
+int64_t Trainer::global_batch() const {
+  return config_.data.batch_size * world_.size() * config_.distributed.backward_passes_per_step;
+}
+
+RunSummary Trainer::summary() const {
+  return {.ranks = world_.size(),
+          .threads = omp_get_max_threads(),
+          .device = device_.str(),
+          .parameters_checksum = checksum_,
+          .parameters = layers::parameter_count(*model_),
+          .model_description = model_->describe(),
+          .train_samples = train_set_.size,
+          .test_samples = test_set_.size,
+          .global_batch = global_batch(),
+          .steps_per_epoch = (sampler_.steps_per_epoch() + batches_per_step_ - 1) / batches_per_step_,
+          .gradient_sync = gradient_sync_->describe(),
+          .scaled_lr = schedule_->scaled_lr(),
+          .already_complete = config_.training.epochs <= position_.epochs_completed || step_limit_reached(),
+          .global_step = position_.global_step};
+}
+
+// ---- the interface of run.h ----
+
+TrainingResult train(const Config& config, const distributed::World& world, const RunOptions& options) {
+  use_threads(config, world);
+  // Before anything reads or clears checkpoints: a second job on these directories stops here.
+  std::vector<std::unique_ptr<DirectoryLock>> locks;
+  if (world.is_root()) {
+    const auto report = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+    for (const std::string& dir : run_directories(config))
+      locks.push_back(std::make_unique<DirectoryLock>(dir, report));
+  }
+  Trainer trainer(config, world);
+  trainer.start(options);
+  return trainer.run();
+}
+
+BenchmarkResult benchmark(const Config& config, const distributed::World& world,
+                          const BenchmarkOptions& options) {
+  use_threads(config, world);
+  Trainer trainer(config, world);
+  trainer.start({});
+  return trainer.benchmark(options);
+}
+
+Evaluation evaluate_checkpoint(const Config& config, const distributed::World& world,
+                               const std::string& checkpoint) {
+  use_threads(config, world);
+  Trainer trainer(config, world);
+  return trainer.evaluate_checkpoint(checkpoint);
+}
+
+}  // namespace dptrain::trainer

@@ -1,0 +1,155 @@
+// The optimizer step, top to bottom, the same for every mode and gradient sync:
+//   plan (this rank's micro-batches) -> for each: batch -> forward -> loss -> backward
+//     (the gradient sync's hooks around it: buckets launch as gradients become ready)
+//   -> gradient sync finishes (the gradients are the average over all ranks) -> optimizer -> position
+#include <algorithm>
+
+#include "core/ops.h"
+#include "trainer/phase.h"
+#include "trainer/trainer.h"
+
+namespace dptrain::trainer {
+
+void Trainer::train_step(int64_t epoch, int64_t step, StepTotals& totals) {
+  const StepPlan& plan = plan_step(step);
+  // The schedule runs on samples, not steps, so a resume on another world size keeps its place.
+  lr_ = schedule_->at(static_cast<double>(epoch - 1) +
+                      static_cast<double>(plan.samples_before) / sampler_.dataset_size());
+  optimizer_->zero_grad();
+  if (buffers_follow_rank0()) {
+    Phase phase(totals.communication, "broadcast of buffers");
+    broadcast_buffers_from_rank0();
+  }
+  const int64_t micro_batches = static_cast<int64_t>(plan.micro_batches.size());
+  gradient_sync_->begin_step({.step = position_.global_step,
+                              .micro_batches = micro_batches,
+                              .global_micro_batches = plan.global_micro_batches});
+  for (int64_t i = 0; i < micro_batches; ++i) {
+    const MicroBatch& micro_batch = plan.micro_batches[static_cast<std::size_t>(i)];
+    {
+      Phase phase(totals.data, "data");
+      load_batch(train_set_, micro_batch.indices);
+    }
+    model_->reseed(micro_batch.dropout_seed);
+    Tensor output, loss;
+    {
+      Phase phase(totals.forward, "forward");
+      output = model_->forward(batch_.inputs);
+      loss = loss_of(output);
+    }
+    {
+      Phase phase(totals.backward, "backward");
+      gradient_sync_->before_backward(i);
+      loss.backward(micro_batch.loss_scale);
+      gradient_sync_->after_backward(i);
+    }
+    count_batch(output, loss, totals);
+  }
+  {
+    Phase phase(totals.communication, "finish gradient averaging");
+    gradient_sync_->finish_step();
+  }
+  if (world_.size() > 1) totals.payload_bytes += gradient_sync_->payload_bytes(position_.global_step);
+  // What the sync did from inside backward's hooks (compression, the last bucket) is communication.
+  const double in_backward = gradient_sync_->take_seconds_in_backward();
+  totals.backward -= in_backward;
+  totals.communication += in_backward;
+  {
+    Phase phase(totals.optimizer, "optimizer");
+    optimizer_->step(static_cast<float>(lr_));
+  }
+  position_.samples_seen += plan.samples_after - plan.samples_before;
+  position_.epoch_samples_done = plan.samples_after;
+  position_.optimizer_steps = optimizer_->steps_taken();
+  ++position_.global_step;
+  ++totals.steps;
+}
+
+// Step `step` of the current epoch on this rank. In deterministic mode each micro-batch has the same
+// shapes and kernels whichever rank runs it, and its dropout masks follow its place in the step's
+// global order, so with the exact sum the update has the same bits for any number of ranks.
+const Trainer::StepPlan& Trainer::plan_step(int64_t step) {
+  StepPlan& plan = plan_;
+  plan.micro_batches.clear();
+  if (!deterministic_) {
+    const int64_t first = step * batches_per_step_;
+    const int64_t passes = std::min(batches_per_step_, sampler_.steps_per_epoch() - first);
+    const float scale = 1.0f / static_cast<float>(passes * world_.size());
+    for (int64_t pass = 0; pass < passes; ++pass)
+      plan.micro_batches.push_back({sampler_.batch_indices(first + pass), scale, dropout_stream(pass)});
+    plan.global_micro_batches = passes * world_.size();
+    plan.samples_before = sampler_.samples_before(first);
+    plan.samples_after = sampler_.samples_before(first + passes);
+    return plan;
+  }
+  plan.samples_before = sampler_.samples_before(step);
+  plan.samples_after = sampler_.samples_before(step + 1);
+  const double step_samples = static_cast<double>(plan.samples_after - plan.samples_before);
+  const std::span<const int64_t> mine = sampler_.batch_indices(step);
+  const int64_t size = static_cast<int64_t>(mine.size()),
+                micro = config_.distributed.deterministic_micro_batch;
+  for (int64_t first = 0, i = 0; first < size; first += micro, ++i) {
+    const std::span<const int64_t> indices = mine.subspan(
+        static_cast<std::size_t>(first), static_cast<std::size_t>(std::min(micro, size - first)));
+    plan.micro_batches.push_back({indices,
+                                  static_cast<float>(static_cast<double>(indices.size()) / step_samples),
+                                  dropout_stream_of_micro_batch(sampler_.first_micro_batch(step) + i)});
+  }
+  plan.global_micro_batches = sampler_.micro_batches(step);
+  return plan;
+}
+
+// Dropout masks follow from (seed, rank, step, pass): a resumed run draws the same ones.
+uint64_t Trainer::dropout_stream(int64_t pass) const {
+  return derive_seed(config_.seed, "dropout/rank" + std::to_string(world_.rank()) + "/step" +
+                                       std::to_string(position_.global_step) + "/pass" +
+                                       std::to_string(pass));
+}
+
+// In deterministic mode the masks follow the micro-batch (its place in the step's global order),
+// not the rank that runs it.
+uint64_t Trainer::dropout_stream_of_micro_batch(int64_t micro_batch) const {
+  return derive_seed(config_.seed, "dropout/step" + std::to_string(position_.global_step) + "/micro" +
+                                       std::to_string(micro_batch));
+}
+
+Tensor Trainer::loss_of(const Tensor& output) const {
+  return config_.model.loss == LossKind::kMse ? ops::mse(output, batch_.targets)
+                                              : ops::cross_entropy(output, batch_.labels);
+}
+
+int64_t Trainer::count_correct(const Tensor& logits, std::span<const int32_t> labels) {
+  const std::vector<float> values = logits.to_vector();
+  const int64_t classes = logits.dim(1);
+  int64_t correct = 0;
+  for (std::size_t b = 0; b < labels.size(); ++b) {
+    const float* row = values.data() + b * classes;
+    correct += (std::max_element(row, row + classes) - row) == labels[b];
+  }
+  return correct;
+}
+
+void Trainer::count_batch(const Tensor& output, const Tensor& loss, StepTotals& totals) const {
+  const int64_t n = output.dim(0);
+  totals.loss_sum.add(static_cast<double>(loss.item()) * static_cast<double>(n));
+  if (config_.model.loss == LossKind::kCrossEntropy) totals.correct += count_correct(output, batch_.labels);
+  totals.samples += n;
+}
+
+// The batch's samples gathered on the host, then on the run's device. Host buffers come from the
+// storage cache, so steady-state steps do not allocate.
+void Trainer::load_batch(const data::Dataset& ds, std::span<const int64_t> indices) {
+  const int64_t n = static_cast<int64_t>(indices.size());
+  Shape shape{n};
+  shape.insert(shape.end(), ds.sample_shape.begin(), ds.sample_shape.end());
+  Tensor inputs = Tensor::empty(shape);
+  batch_.labels.resize(indices.size());
+  const bool regression = !ds.targets.empty();
+  Tensor targets =
+      regression ? Tensor::empty({n, static_cast<int64_t>(ds.targets.size()) / ds.size}) : Tensor();
+  data::gather_batch(ds, indices, inputs.data(), batch_.labels.data(), regression ? targets.data() : nullptr);
+  batch_.inputs = inputs.to(device_);
+  batch_.targets = regression ? targets.to(device_) : Tensor();
+}
+
+}  // namespace dptrain::trainer
