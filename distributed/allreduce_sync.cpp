@@ -21,6 +21,7 @@ class AllreduceSync : public GradientSync {
         elements_(c.parameters.size()),
         ranks_(c.comm.size()) {}
 
+  int ranks_in_average() const override { return ranks_; }
   void begin_step(const StepShape& shape) override {
     step_ = shape.step;
     last_ = shape.micro_batches - 1;

@@ -14,8 +14,10 @@ class ExactSumSync : public GradientSync {
   explicit ExactSumSync(const GradientSyncContext& c)
       : sum_(c.comm, c.parameters),
         parameters_(c.parameters),
-        micro_batch_samples_(c.options.micro_batch_samples) {}
+        micro_batch_samples_(c.options.micro_batch_samples),
+        ranks_(c.comm.size()) {}
 
+  int ranks_in_average() const override { return ranks_; }
   void begin_step(const StepShape& shape) override {
     sum_.begin(shape.step, shape.global_micro_batches, shape.micro_batches);
   }
@@ -41,6 +43,7 @@ class ExactSumSync : public GradientSync {
   ExactGradientSum sum_;
   const FlatParameters& parameters_;
   int64_t micro_batch_samples_;
+  int ranks_;
 };
 
 }  // namespace

@@ -6,10 +6,10 @@
 namespace dptrain::distributed {
 
 // Defined in their own files.
-extern const GradientEncoding kNoEncoding, kFp16Encoding, kBf16Encoding;
+extern const GradientEncoding kNoEncoding, kFp16Encoding, kBf16Encoding, kFp64Encoding;
 
 namespace {
-const GradientEncoding* const kEncodings[] = {&kNoEncoding, &kFp16Encoding, &kBf16Encoding};
+const GradientEncoding* const kEncodings[] = {&kNoEncoding, &kFp16Encoding, &kBf16Encoding, &kFp64Encoding};
 }  // namespace
 
 std::vector<std::string> gradient_encoding_names() {

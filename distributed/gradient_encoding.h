@@ -19,6 +19,7 @@ struct GradientEncoding {
   void (*encode)(Backend& backend, const float* gradients, void* wire, int64_t n);
   void (*decode)(Backend& backend, const void* wire, float* gradients, int64_t n);
   const char* overflow_hint;  // appended to the non-finite-average error; "" when none applies
+  bool host_only = false;     // encode and decode are host loops: CPU runs only
 };
 
 // The encoding called `name`; an unknown name throws, listing the registered ones.

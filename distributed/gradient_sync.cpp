@@ -12,14 +12,15 @@ namespace dptrain::distributed {
 std::unique_ptr<GradientSync> make_allreduce_sync(const GradientSyncContext& context);
 std::unique_ptr<GradientSync> make_powersgd_sync(const GradientSyncContext& context);
 std::unique_ptr<GradientSync> make_exact_sum_sync(const GradientSyncContext& context);
+std::unique_ptr<GradientSync> make_local_sync(const GradientSyncContext& context);
 
 namespace {
 
 std::span<const GradientSyncEntry* const> entries() {
   static const GradientSyncEntry kAllreduce{"allreduce", make_allreduce_sync, {}},
       kPowerSgd{"powersgd", make_powersgd_sync, {"powersgd.q", "powersgd.error"}, /*is_compression=*/true},
-      kExactSum{"exact_sum", make_exact_sum_sync, {}};
-  static const GradientSyncEntry* const kEntries[] = {&kAllreduce, &kPowerSgd, &kExactSum};
+      kExactSum{"exact_sum", make_exact_sum_sync, {}}, kLocal{"local", make_local_sync, {}};
+  static const GradientSyncEntry* const kEntries[] = {&kAllreduce, &kPowerSgd, &kExactSum, &kLocal};
   return kEntries;
 }
 

@@ -53,6 +53,9 @@ class GradientSync {
  public:
   virtual ~GradientSync() = default;
 
+  // The ranks whose gradients finish_step() averages: a regular step seeds each backward pass with
+  // 1 / (passes x this), so that the strategy's sums are averages.
+  virtual int ranks_in_average() const = 0;
   virtual void begin_step(const StepShape& shape) = 0;
   // Around the backward of this rank's micro-batch `index` (0-based, in order).
   virtual void before_backward(int64_t /*index*/) {}

@@ -23,8 +23,10 @@ class PowerSgdSync : public GradientSync {
         powersgd_(c.comm, c.parameters, c.options.powersgd),
         host_comm_(c.host_comm),
         parameters_(c.parameters),
-        options_(c.options) {}
+        options_(c.options),
+        ranks_(c.comm.size()) {}
 
+  int ranks_in_average() const override { return ranks_; }
   void begin_step(const StepShape& shape) override {
     step_ = shape.step;
     last_ = shape.micro_batches - 1;
@@ -59,6 +61,7 @@ class PowerSgdSync : public GradientSync {
   Communicator& host_comm_;
   const FlatParameters& parameters_;
   GradientSyncOptions options_;
+  int ranks_;
   int64_t step_ = 0, last_ = 0;
   bool compressed_ = false;
   // Rank 0, resuming: every rank's error buffer as the checkpoint holds them, [ranks then, size],

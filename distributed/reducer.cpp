@@ -19,6 +19,9 @@ GradientReducer::GradientReducer(Communicator& comm, const FlatParameters& param
                 "distributed.fusion_threshold_mb and first_bucket_mb must be >= 0");
   DPTRAIN_CHECK(comm_.accepts(parameters_.device()), "the communicator cannot reduce gradients in ",
                 parameters_.device().str(), " memory");
+  DPTRAIN_CHECK(!encoding_.host_only || parameters_.device().is_host(), "distributed.compression = \"",
+                encoding_.name, "\" runs on the CPU in this version, not on ", parameters_.device().str(),
+                "; use \"fp16\", \"bf16\" or \"none\"");
   const auto cap_elements = [](double mb) { return static_cast<int64_t>(mb * (1 << 20) / sizeof(float)); };
   const bool per_tensor = options_.fusion_threshold_mb == 0;
   const std::size_t count = parameters_.parameters().size();

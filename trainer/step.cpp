@@ -74,7 +74,7 @@ const Trainer::StepPlan& Trainer::plan_step(int64_t step) {
   if (!deterministic_) {
     const int64_t first = step * batches_per_step_;
     const int64_t passes = std::min(batches_per_step_, sampler_.steps_per_epoch() - first);
-    const float scale = 1.0f / static_cast<float>(passes * world_.size());
+    const float scale = 1.0f / static_cast<float>(passes * gradient_sync_->ranks_in_average());
     for (int64_t pass = 0; pass < passes; ++pass)
       plan.micro_batches.push_back({sampler_.batch_indices(first + pass), scale, dropout_stream(pass)});
     plan.global_micro_batches = passes * world_.size();

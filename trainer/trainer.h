@@ -65,7 +65,8 @@ class Trainer {
     uint64_t dropout_seed;
   };
   // One optimizer step on this rank: its micro-batches in order, as llm.c's accumulation loop runs
-  // them. Regular mode: backward_passes_per_step sampler batches, each weighted 1 / (passes x ranks).
+  // them. Regular mode: backward_passes_per_step sampler batches, each weighted 1 / (passes x the
+  // ranks the gradient sync averages over).
   // Deterministic mode: the step's global batch cut into fixed micro-batches in the sampler's order,
   // each weighted by its share of the step's samples.
   struct StepPlan {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -27,16 +28,18 @@ void fill_gradients(const FlatParameters& flat, float value) {
 }
 
 TEST(GradientSyncRegistry, UnknownNamesListTheRegisteredOnes) {
-  EXPECT_EQ(gradient_sync_names(), (std::vector<std::string>{"allreduce", "powersgd", "exact_sum"}));
-  EXPECT_EQ(gradient_encoding_names(), (std::vector<std::string>{"none", "fp16", "bf16"}));
+  EXPECT_EQ(gradient_sync_names(), (std::vector<std::string>{"allreduce", "powersgd", "exact_sum", "local"}));
+  EXPECT_EQ(gradient_encoding_names(), (std::vector<std::string>{"none", "fp16", "bf16", "fp64"}));
+  EXPECT_EQ(compression_names(), (std::vector<std::string>{"none", "fp16", "bf16", "fp64", "powersgd"}));
   MpiCommunicator comm(test::world());
   FlatParameters flat(weight_and_bias(), Device::cpu());
   test_util::expect_error(
       [&] {
         make_gradient_sync("zero1", {comm, comm, flat, {}});
       },
-      {"\"zero1\"", "\"allreduce\", \"powersgd\" or \"exact_sum\""});
-  test_util::expect_error([&] { gradient_encoding("fp8"); }, {"\"fp8\"", "\"none\", \"fp16\" or \"bf16\""});
+      {"\"zero1\"", "\"allreduce\", \"powersgd\", \"exact_sum\" or \"local\""});
+  test_util::expect_error([&] { gradient_encoding("fp8"); },
+                          {"\"fp8\"", "\"none\", \"fp16\", \"bf16\" or \"fp64\""});
   EXPECT_EQ(gradient_sync_state_names(), (std::vector<std::string>{"powersgd.q", "powersgd.error"}));
 }
 
@@ -51,6 +54,8 @@ TEST(GradientSync, PayloadBytesCountedByHand) {
   EXPECT_EQ(bytes("allreduce", {}, 0), 4 * elements);
   EXPECT_EQ(bytes("allreduce", {.encoding = "fp16"}, 0), 2 * elements);
   EXPECT_EQ(bytes("allreduce", {.encoding = "bf16"}, 0), 2 * elements);
+  EXPECT_EQ(bytes("allreduce", {.encoding = "fp64"}, 0), 8 * elements);
+  EXPECT_EQ(bytes("local", {}, 0), 0);
   EXPECT_EQ(bytes("exact_sum", {}, 0), 8 * elements);
   // PowerSGD at rank 1 from step 5: plain floats before; then P (16 x 1), Q (12 x 1) and the bias.
   const GradientSyncOptions powersgd{.powersgd = {.rank = 1, .start_step = 5}};
@@ -93,6 +98,34 @@ TEST(GradientSync, EveryStrategyLeavesTheAverageOnEveryRank) {
   auto powersgd =
       make_gradient_sync("powersgd", {comm, comm, flat, {.powersgd = {.rank = 1, .start_step = 1}}});
   EXPECT_NEAR(run_step(*powersgd, flat, 2, 1.0f / static_cast<float>(2 * n)), average(2), 1e-5);
+}
+
+// "local" averages nothing: each rank keeps its own gradients, seeded with 1 / passes.
+TEST(GradientSync, LocalKeepsEachRanksOwnGradients) {
+  MpiCommunicator comm(test::world());
+  FlatParameters flat(weight_and_bias(), Device::cpu());
+  auto sync = make_gradient_sync("local", {comm, comm, flat, {}});
+  ASSERT_EQ(sync->ranks_in_average(), 1);
+  EXPECT_EQ(make_gradient_sync("allreduce", {comm, comm, flat, {}})->ranks_in_average(), test::size());
+  // Two passes of (r + 1)(i + 1) / 2: the mean over i of (r + 1)(i + 1) is 1.5 (r + 1).
+  EXPECT_EQ(run_step(*sync, flat, 2, 0.5f), 1.5f * static_cast<float>(test::rank() + 1));
+}
+
+// The fp64 sum of one element's terms is exact here, so its rounding to fp32 is the correctly rounded
+// sum, whatever order MPI adds in: 1 on rank 0 and 2^-24 on every other rank.
+TEST(GradientSync, Fp64EncodingGivesTheCorrectlyRoundedSum) {
+  MpiCommunicator comm(test::world());
+  FlatParameters flat(weight_and_bias(), Device::cpu());
+  auto sync = make_gradient_sync("allreduce",
+                                 {comm, comm, flat, {.encoding = "fp64", .fusion_threshold_mb = 0.0001}});
+  const double tiny = std::ldexp(1.0, -24);
+  sync->begin_step({.step = 0, .micro_batches = 1, .global_micro_batches = test::size()});
+  fill_gradients(flat, test::rank() == 0 ? 1.0f : static_cast<float>(tiny));
+  sync->before_backward(0);
+  sync->after_backward(0);
+  sync->finish_step();
+  const float expected = static_cast<float>(1.0 + (test::size() - 1) * tiny);
+  for (int64_t e = 0; e < flat.size(); ++e) ASSERT_EQ(flat.grads().data_ptr()[e], expected) << e;
 }
 
 }  // namespace
