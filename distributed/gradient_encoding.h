@@ -1,5 +1,5 @@
-// The wire encodings of the bucketed allreduce ("none", "fp16", "bf16"), looked up by name: what
-// distributed.compression names when it does not name a gradient-sync strategy of its own.
+// The wire encodings of the bucketed allreduce ("none", "fp16", "bf16", "fp64"), looked up by name:
+// what distributed.compression names when it does not name a gradient-sync strategy of its own.
 #pragma once
 
 #include <cstdint>

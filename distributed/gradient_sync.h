@@ -5,7 +5,8 @@
 //     -> finish_step (the gradients now hold the average) -> optimizer
 // Strategies are registered by name (distributed/gradient_sync.cpp, one line each) and made by
 // make_gradient_sync: the bucketed overlapped allreduce with a wire encoding ("allreduce"),
-// PowerSGD ("powersgd"), the exact fixed-point sum of distributed.deterministic ("exact_sum").
+// PowerSGD ("powersgd"), the exact fixed-point sum of distributed.deterministic ("exact_sum"), and
+// no averaging at all, the compute-only baseline of scaling experiments ("local").
 #pragma once
 
 #include <cstdint>

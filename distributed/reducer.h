@@ -3,13 +3,13 @@
 // produces them; static buckets are contiguous ranges of it: a small first bucket, then buckets up to
 // the fusion threshold. Reducing a bucket therefore copies nothing. With overlap on, a bucket's
 // allreduce is started from the gradient-ready hook of its last parameter while backward goes on;
-// buckets always launch in index order, so every rank issues identical collectives. A compressing
-// wire encoding (distributed/gradient_encoding.h) reduces a separate buffer in its own format.
+// buckets always launch in index order, so every rank issues identical collectives. A wire encoding
+// other than "none" (distributed/gradient_encoding.h) reduces a separate buffer in its own format.
 //
 // Averaging: the allreduce sums, and the sum is the average because every rank seeds backward with
-// loss_scale(passes) = 1 / (passes x ranks), which costs nothing; the reducer is the one place that
-// knows this. Dividing before the sum (not after) is also what keeps a half-precision sum from
-// overflowing.
+// loss_scale(passes) = 1 / (passes x ranks), which costs nothing (the trainer's step takes the ranks
+// from GradientSync::ranks_in_average). Dividing before the sum (not after) is also what keeps a
+// half-precision sum from overflowing.
 #pragma once
 
 #include <cstdint>

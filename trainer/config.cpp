@@ -246,7 +246,8 @@ void declare_distributed(SectionBuilder<Config, DistributedConfig> d) {
           "The first bucket (last layers), small so that communication starts early.");
   d.field("overlap", &D::overlap, true, Any{}, "Start each bucket's allreduce during backward.");
   d.field("compression", &D::compression, "none", Choices{distributed::compression_names},
-          "`fp16`, `bf16`: a half-precision sum; `powersgd`: low-rank factors with error feedback (CPU).");
+          "`fp16`, `bf16`: a half-precision sum; `fp64`: a double-precision sum, independent of MPI's "
+          "order (CPU); `powersgd`: low-rank factors with error feedback (CPU).");
   d.field("gradient_sync", &D::gradient_sync, "auto", Choices{gradient_sync_choices},
           "How gradients are averaged: `auto` runs `exact_sum` in deterministic mode, the strategy "
           "`compression` names (`powersgd`), else `allreduce` in the compression's wire encoding.");
@@ -384,7 +385,10 @@ const char* const kReferencePreamble = R"(# Config reference
 
 <!-- Generated from the field tables in trainer/config.cpp; do not edit. Regenerate with
      build/trainer --print-config-reference > docs/config.md
-     (trainer_tests' ConfigReference.CheckedInPageIsCurrent fails while this page is stale). -->
+     and the fuzz dictionary's generated block with
+     sed -i '/^# BEGIN generated/,$d' tests/fuzz/config.dict &&
+       build/trainer --print-config-reference=dict >> tests/fuzz/config.dict
+     (trainer_tests' ConfigReference tests fail while either is stale). -->
 
 A config is one JSON object (comments allowed). `--set key.path=VALUE` sets any key below from the
 command line; `--print-config` prints the resolved config, every default filled in. Unknown keys,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-to-end checks of the experiment scripts and benchmark tools (ctest: e2e_<case>), kept short:
-# they check that the scripts produce their outputs, not the figures (those are in the README and
+# they check that the scripts produce their outputs, not the figures (those are in docs/results.md and
 # come from full runs).
 #
 #   scripts_e2e.sh CASE TRAINER SOURCE_DIR SCRATCH_DIR [MPIEXEC]

@@ -5,7 +5,7 @@
 #
 #   gpu_e2e.sh CASE TRAINER SOURCE_DIR SCRATCH_DIR [MPIEXEC]
 #
-# Cases (MNIST subsets; the full-size acceptance runs are in the README's GPU section):
+# Cases (MNIST subsets; the full-size acceptance runs are in docs/gpu.md):
 #   gpu_training          the CNN on device "cuda", one short epoch: trains (test accuracy > 90%)
 #   gpu_two_ranks         2 ranks on one GPU (distributed.backend "mpi") x 64 == 1 rank x 128, 20
 #                         SGD steps, max|diff| <= 1e-5 max|w|
