@@ -78,7 +78,7 @@ inline bool bitwise_equal(std::span<const float> a, std::span<const float> b) {
 
 // Expects `f` to throw an Error whose message contains every fragment.
 template <typename F>
-void expect_error(F&& f, std::initializer_list<std::string> fragments) {
+void expect_error(F&& f, std::initializer_list<std::string> fragments, bool one_line = false) {
   try {
     f();
     ADD_FAILURE() << "expected an error mentioning '" << *fragments.begin() << "'";
@@ -87,7 +87,16 @@ void expect_error(F&& f, std::initializer_list<std::string> fragments) {
     for (const std::string& fragment : fragments)
       EXPECT_NE(message.find(fragment), std::string::npos)
           << "message lacks '" << fragment << "': " << message;
+    if (one_line) {
+      EXPECT_EQ(message.find('\n'), std::string::npos) << "error messages are one line: " << message;
+    }
   }
+}
+
+// expect_error, and the message is one line: what main prints.
+template <typename F>
+void expect_one_line_error(F&& f, std::initializer_list<std::string> fragments) {
+  expect_error(std::forward<F>(f), fragments, /*one_line=*/true);
 }
 
 // ---- tests/fixtures ----

@@ -15,6 +15,7 @@
 
 #include "core/config_table.h"
 #include "core/error.h"
+#include "tests/test_util.h"
 
 namespace dptrain::trainer {
 namespace {
@@ -27,16 +28,7 @@ Json mnist() {
 
 template <typename F>
 void expect_error(F&& f, std::initializer_list<std::string> fragments) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an error mentioning '" << *fragments.begin() << "'";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (const std::string& fragment : fragments)
-      EXPECT_NE(message.find(fragment), std::string::npos)
-          << "message lacks '" << fragment << "': " << message;
-    EXPECT_EQ(message.find('\n'), std::string::npos) << "error messages are one line: " << message;
-  }
+  test_util::expect_one_line_error(std::forward<F>(f), fragments);
 }
 
 void expect_config_error(const Json& json, std::initializer_list<std::string> fragments) {
