@@ -109,4 +109,11 @@ std::size_t tape_size() {
 }
 
 }  // namespace autograd
+
+// Tensor's entry point into the engine: defined here, not in tensor.cpp, so that the tensor sits below
+// the tape that records it.
+void Tensor::backward(float seed) const {
+  autograd::backward(*this, seed);
+}
+
 }  // namespace dptrain

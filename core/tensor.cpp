@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <atomic>
 
-#include "core/autograd.h"
 #include "core/backend.h"
 #include "core/error.h"
 
@@ -166,10 +165,6 @@ std::vector<float> Tensor::to_vector() const {
   std::vector<float> out(static_cast<std::size_t>(numel()));
   backend_for(device()).copy_to_host(out.data(), data_ptr(), bytes_of(numel()));
   return out;
-}
-
-void Tensor::backward(float seed) const {
-  autograd::backward(*this, seed);
 }
 
 }  // namespace dptrain

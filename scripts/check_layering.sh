@@ -9,8 +9,11 @@
 #      A file may include headers of its own folder or of a lower level only: nothing of a higher
 #      level, and nothing of another folder on its own level (layers, data, optim and distributed are
 #      independent of each other; cuda, the backends level, may use all four).
-#   2. No include cycles among the project's headers: within a folder they form a DAG (a cycle
-#      across folders needs an include that breaks rule 1, and is reported as that).
+#   2. No include cycles among the project's headers, a header standing for itself and its
+#      implementation file (x.h with x.cpp, x.cc or x.cu beside it): within a folder they form a DAG
+#      (a cycle across folders needs an include that breaks rule 1, and is reported as that). So no
+#      header includes the header of a file above it: if trainer.h includes run.h while run.cpp
+#      includes trainer.h, trainer.h sits below run.cpp and above run.h at once.
 # bench/ and tests/ are consumers of every folder and are not checked; other folders are not read.
 # An include is resolved as the compiler resolves a quoted one: beside the including file first,
 # then from SOURCE_ROOT (the one include directory the project sets). One that names none of the
@@ -76,6 +79,12 @@ awk '
   }
   function top(p) { sub(/\/.*/, "", p); return p }
   function is_header(p) { return p ~ /\.(h|hh|hpp|hxx|cuh|inl)$/ }
+  # The header an implementation file implements (x.cpp -> x.h, when x.h exists), else "".
+  function own_header(p,   stem) {
+    if (is_header(p) || p !~ /\.(c|cc|cpp|cxx|cu)$/) return ""
+    stem = p; sub(/\.[^.\/]*$/, "", stem)
+    return (stem ".h") in exists ? stem ".h" : ""
+  }
   # Depth-first search; a grey node met again closes a cycle, reported at the edge that closes it.
   function dfs(u, depth,   list, n, i, v, j, path) {
     color[u] = 1; stk[depth] = u
@@ -86,7 +95,7 @@ awk '
         path = ""
         for (j = depth; j >= 1 && stk[j] != v; j--) ;
         for (; j <= depth; j++) path = path stk[j] " -> "
-        printf "%s:%s: includes \"%s\" (include cycle: %s%s)\n", u, eline[u, v], einc[u, v], path, v
+        printf "%s:%s: includes \"%s\" (include cycle: %s%s)\n", efile[u, v], eline[u, v], einc[u, v], path, v
         violations++
       } else if (color[v] == 0) {
         dfs(v, depth + 1)
@@ -121,9 +130,10 @@ awk '
     }
     # Only includes that keep the order join the graph: a cycle through one that breaks it is that
     # violation again, reported above.
-    if (is_header(file) && is_header(target) && (target in exists) && !((file, target) in eline)) {
-      adj[file] = adj[file] " " target
-      eline[file, target] = line; einc[file, target] = inc
+    node = is_header(file) ? file : own_header(file)
+    if (node != "" && node != target && is_header(target) && (target in exists) && !((node, target) in eline)) {
+      adj[node] = adj[node] " " target
+      efile[node, target] = file; eline[node, target] = line; einc[node, target] = inc
       header_edges++
     }
   }
@@ -134,7 +144,7 @@ awk '
       printf "check_layering: %d violation%s (scripts/check_layering.sh --help: the rules)\n", violations, violations == 1 ? "" : "s" > "/dev/stderr"
       exit 1
     }
-    printf "check_layering: OK: %d files, %d includes of project files (%d between headers, no cycles)\n", nfiles, checked, header_edges
+    printf "check_layering: OK: %d files, %d includes of project files (%d between headers and their files, no cycles)\n", nfiles, checked, header_edges
   }
 ' <(printf '%s\n' "${level_map[@]}") <(printf '%s\n' "${files[@]}") \
   <(grep -H -n -E '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "${files[@]}" || true)

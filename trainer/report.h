@@ -8,7 +8,7 @@
 
 #include "distributed/communicator.h"
 #include "trainer/config.h"
-#include "trainer/run.h"
+#include "trainer/run_types.h"
 
 namespace dptrain::trainer {
 

@@ -15,6 +15,7 @@
 #include "distributed/communicator.h"
 #include "distributed/exact_sum.h"
 #include "distributed/gradient_sync.h"
+#include "distributed/world.h"
 #include "layers/module.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
@@ -22,7 +23,7 @@
 #include "trainer/config.h"
 #include "trainer/progress.h"
 #include "trainer/report.h"
-#include "trainer/run.h"
+#include "trainer/run_types.h"
 #include "trainer/stop_signals.h"
 
 namespace dptrain::trainer {

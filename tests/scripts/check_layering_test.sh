@@ -4,7 +4,8 @@
 #   check_layering_test.sh SOURCE_DIR SCRATCH_DIR
 #
 # Builds small fixture trees under SCRATCH_DIR (a clean one, then one planted violation each: an
-# include up the folder order, one sideways within a level, one up through "../", a header cycle) and
+# include up the folder order, one sideways within a level, one up through "../", a header cycle, a
+# header that includes the header of a file above it) and
 # a copy of SOURCE_DIR's library folders with an upward include planted in core/tensor.h. Each must
 # make the check exit 1 and print the planted FILE:LINE with its reason; the clean fixture must pass,
 # with bench/, tests/, angle-bracket and third-party includes left alone; a root with no sources must
@@ -92,6 +93,14 @@ printf '#pragma once\n#include "core/b.h"\n' >"$scratch/cycle/core/a.h"
 printf '#pragma once\n#include "core/tensor.h"\n#include "core/a.h"\n' >"$scratch/cycle/core/b.h"
 expect_violation "core/a.h and core/b.h include each other" "$scratch/cycle" \
   'core/b.h:3: includes "core/a.h" (include cycle: core/a.h -> core/b.h -> core/a.h)'
+
+# trainer/trainer.h (included by trainer/train.cpp) includes train.h, the header of train.cpp: the
+# private header sits above its implementation and below it at once.
+fixture "$scratch/above"
+printf '#pragma once\n#include "trainer/train.h"\n' >"$scratch/above/trainer/trainer.h"
+echo '#include "trainer/trainer.h"' >>"$scratch/above/trainer/train.cpp"
+expect_violation "trainer.h includes the header of train.cpp, which includes it" "$scratch/above" \
+  'trainer/trainer.h:2: includes "trainer/train.h" (include cycle: trainer/train.h -> trainer/trainer.h -> trainer/train.h)'
 
 # The real tree, copied with its folders' sources only, and one include planted.
 echo "-- the source tree's copy with core/tensor.h including trainer/trainer.h"

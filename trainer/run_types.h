@@ -1,0 +1,77 @@
+// What a training run takes and gives back: its options, its per-epoch metrics and step times, the
+// benchmark's and the evaluation's results (trainer/run.h has the functions; the Trainer and the
+// reports share these types).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trainer/config.h"
+
+namespace dptrain::trainer {
+
+// Where a step's time goes, in seconds per optimizer step, averaged over the ranks.
+struct StepTimes {
+  double data = 0;           // gathering the batch
+  double compute = 0;        // forward and backward, without the communication done inside backward
+  double communication = 0;  // communication and averaging that did not overlap with compute
+  double optimizer = 0;
+  double total = 0;  // wall time per step, including waits for slower ranks
+};
+
+struct EpochMetrics {
+  int64_t epoch = 0;                          // 1-based
+  int64_t step = 0;                           // optimizer steps taken so far
+  double train_loss = 0, train_accuracy = 0;  // averaged over all ranks' samples
+  double test_loss = 0, test_accuracy = 0;
+  double samples_per_sec = 0, samples_per_sec_per_rank = 0, epoch_seconds = 0;
+  double lr = 0;               // at the end of the epoch
+  bool stopped_early = false;  // training.max_steps ended this epoch
+  int64_t first_sample = 0;    // > 0: a resumed epoch, begun at this sample of its permutation
+  StepTimes step_times;
+  // What each rank contributed to the gradient collectives per step, mean over the epoch's steps:
+  // the allreduce payload (a ring allreduce moves 2 (N - 1) / N of it over each link).
+  double gradient_bytes_per_step = 0;
+};
+
+struct RunOptions {
+  // "" (fresh start), "auto" (the newest valid checkpoint in checkpoint.dir, else a fresh start) or
+  // the path of one checkpoint (that one, or fail).
+  std::string resume;
+};
+
+struct TrainingResult {
+  std::vector<EpochMetrics> epochs;  // one entry per (partial) epoch
+  // Non-empty when a signal stopped the run at a step boundary after its checkpoint was written
+  // (trainer/stop_signals.h): "SIGTERM on 1 rank". The process should then exit with
+  // kExitStoppedWithCheckpoint.
+  std::string stopped_by;
+};
+
+struct BenchmarkOptions {
+  int64_t warmup_steps = 20;
+  int64_t timed_steps = 100;  // per repetition
+  int64_t repetitions = 1;
+};
+
+struct BenchmarkResult {
+  double samples_per_sec = 0;  // all ranks together, median of the repetitions
+  std::vector<double> samples_per_sec_by_repetition;
+  StepTimes step_times;            // over all repetitions
+  int64_t tensor_allocations = 0;  // fresh tensor buffers during the timed steps (rank 0)
+  int64_t parameters = 0;
+  std::vector<int64_t> bucket_bytes;  // the gradient buckets, in launch order
+  double backward_fraction = 0;       // share of compute spent in backward (what overlap can hide behind)
+  // 2 FLOPs x 3 (forward, backward's input and weight gradients) x the model's multiply-adds per
+  // sample (layers::Module::multiply_adds), the usual count (it includes the first layer's input
+  // gradient, which is not computed: 2.6% of the MNIST CNN's).
+  int64_t training_flops_per_sample = 0;
+};
+
+struct Evaluation {
+  double loss = 0, accuracy = 0;  // accuracy: classification only
+  int64_t correct = 0, samples = 0;
+};
+
+}  // namespace dptrain::trainer
