@@ -1,7 +1,6 @@
 // The "allreduce" gradient sync: GradientReducer's bucketed allreduce, overlapped with the last
 // backward pass of the step, in a registered wire encoding.
-#include <cstdio>
-
+#include "distributed/gradient_encoding.h"
 #include "distributed/gradient_sync.h"
 #include "distributed/reducer.h"
 
@@ -11,14 +10,9 @@ namespace {
 class AllreduceSync : public GradientSync {
  public:
   explicit AllreduceSync(const GradientSyncContext& c)
-      : reducer_(c.comm, c.parameters,
-                 {.fusion_threshold_mb = c.options.fusion_threshold_mb,
-                  .first_bucket_mb = c.options.first_bucket_mb,
-                  .overlap = c.options.overlap,
-                  .encoding = c.options.encoding,
-                  .check_finite = c.options.check_finite}),
-        options_(c.options),
-        elements_(c.parameters.size()),
+      : reducer_(c.comm, c.parameters, reducer_options(c.options, c.options.encoding)),
+        encoding_(c.options.encoding),
+        payload_bytes_(gradient_encoding(c.options.encoding).bytes_per_element * c.parameters.size()),
         ranks_(c.comm.size()) {}
 
   int ranks_in_average() const override { return ranks_; }
@@ -33,27 +27,16 @@ class AllreduceSync : public GradientSync {
   void finish_step() override { reducer_.finish(); }
 
   double take_seconds_in_backward() override { return reducer_.take_times().in_backward_s; }
-  int64_t payload_bytes(int64_t /*step*/) const override {
-    return gradient_encoding(options_.encoding).bytes_per_element * elements_;
-  }
-  std::vector<int64_t> bucket_bytes() const override {
-    std::vector<int64_t> bytes;
-    for (const Bucket& b : reducer_.buckets()) bytes.push_back(b.numel * static_cast<int64_t>(sizeof(float)));
-    return bytes;
-  }
+  int64_t payload_bytes(int64_t /*step*/) const override { return payload_bytes_; }
+  std::vector<int64_t> bucket_bytes() const override { return reducer_.bucket_bytes(); }
   std::string describe() const override {
-    if (ranks_ == 1) return "";
-    char text[160];
-    std::snprintf(text, sizeof text, "%zu bucket(s), fusion threshold %g MiB, overlap %s, compression %s",
-                  reducer_.buckets().size(), options_.fusion_threshold_mb, options_.overlap ? "on" : "off",
-                  options_.encoding.c_str());
-    return text;
+    return ranks_ == 1 ? "" : reducer_.describe() + ", compression " + encoding_;
   }
 
  private:
   GradientReducer reducer_;
-  GradientSyncOptions options_;
-  int64_t elements_;
+  std::string encoding_;
+  int64_t payload_bytes_;  // the whole flat gradient in the encoding
   int ranks_;
   int64_t step_ = 0, last_ = 0;
 };

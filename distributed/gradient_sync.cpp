@@ -26,6 +26,14 @@ std::span<const GradientSyncEntry* const> entries() {
 
 }  // namespace
 
+ReducerOptions reducer_options(const GradientSyncOptions& options, const std::string& encoding) {
+  return {.fusion_threshold_mb = options.fusion_threshold_mb,
+          .first_bucket_mb = options.first_bucket_mb,
+          .overlap = options.overlap,
+          .encoding = encoding,
+          .check_finite = options.check_finite};
+}
+
 std::unique_ptr<GradientSync> make_gradient_sync(const std::string& name,
                                                  const GradientSyncContext& context) {
   return find_registered<GradientSyncEntry>(entries(), name, "gradient sync").make(context);

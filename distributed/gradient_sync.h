@@ -18,6 +18,7 @@
 #include "core/parameters.h"
 #include "distributed/communicator.h"
 #include "distributed/powersgd.h"
+#include "distributed/reducer.h"
 
 namespace dptrain::distributed {
 
@@ -31,6 +32,9 @@ struct GradientSyncOptions {
   PowerSgdOptions powersgd{};
   int64_t micro_batch_samples = 0;  // exact_sum: distributed.deterministic_micro_batch (for describe)
 };
+
+// The bucketed allreduce's options in `encoding` (what "allreduce" and "powersgd" build it with).
+ReducerOptions reducer_options(const GradientSyncOptions& options, const std::string& encoding);
 
 struct GradientSyncContext {
   Communicator& comm;       // for the gradients (the device's buffers on a GPU)

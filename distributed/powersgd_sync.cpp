@@ -14,12 +14,7 @@ namespace {
 class PowerSgdSync : public GradientSync {
  public:
   explicit PowerSgdSync(const GradientSyncContext& c)
-      : plain_(c.comm, c.parameters,
-               {.fusion_threshold_mb = c.options.fusion_threshold_mb,
-                .first_bucket_mb = c.options.first_bucket_mb,
-                .overlap = c.options.overlap,
-                .encoding = "none",
-                .check_finite = c.options.check_finite}),
+      : plain_(c.comm, c.parameters, reducer_options(c.options, "none")),
         powersgd_(c.comm, c.parameters, c.options.powersgd),
         host_comm_(c.host_comm),
         parameters_(c.parameters),
@@ -44,11 +39,7 @@ class PowerSgdSync : public GradientSync {
     return static_cast<int64_t>(sizeof(float)) *
            (powersgd_.compresses(step) ? powersgd_.payload_elements() : parameters_.size());
   }
-  std::vector<int64_t> bucket_bytes() const override {
-    std::vector<int64_t> bytes;
-    for (const Bucket& b : plain_.buckets()) bytes.push_back(b.numel * static_cast<int64_t>(sizeof(float)));
-    return bytes;
-  }
+  std::vector<int64_t> bucket_bytes() const override { return plain_.bucket_bytes(); }
   std::string describe() const override;
 
   std::vector<NamedTensor> checkpoint_state() override;
@@ -76,11 +67,10 @@ std::string PowerSgdSync::describe() const {
   char text[400];
   std::snprintf(
       text, sizeof text,
-      "%zu bucket(s), fusion threshold %g MiB, overlap %s, compression powersgd\n"
+      "%s, compression powersgd\n"
       "powersgd: rank %lld from step %lld (plain allreduce before), %lld of %lld tensors compressed: "
       "%lld elements per step instead of %lld, %.1fx fewer",
-      plain_.buckets().size(), options_.fusion_threshold_mb, options_.overlap ? "on" : "off",
-      static_cast<long long>(p.rank), static_cast<long long>(p.start_step),
+      plain_.describe().c_str(), static_cast<long long>(p.rank), static_cast<long long>(p.start_step),
       static_cast<long long>(compressed), static_cast<long long>(tensors),
       static_cast<long long>(powersgd_.payload_elements()), static_cast<long long>(parameters_.size()),
       static_cast<double>(parameters_.size()) / static_cast<double>(powersgd_.payload_elements()));

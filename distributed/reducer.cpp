@@ -2,6 +2,7 @@
 #include "distributed/reducer.h"
 
 #include <chrono>
+#include <cstdio>
 
 #include "core/backend.h"
 #include "core/error.h"
@@ -54,6 +55,19 @@ GradientReducer::GradientReducer(Communicator& comm, const FlatParameters& param
     for (std::size_t k = 0; k < count; ++k)
       hooks_.push_back(parameters_.parameters()[k].tensor.on_grad_ready([this, k] { on_gradient_ready(k); }));
   }
+}
+
+std::vector<int64_t> GradientReducer::bucket_bytes() const {
+  std::vector<int64_t> bytes;
+  for (const Bucket& b : buckets_) bytes.push_back(b.numel * static_cast<int64_t>(sizeof(float)));
+  return bytes;
+}
+
+std::string GradientReducer::describe() const {
+  char text[128];
+  std::snprintf(text, sizeof text, "%zu bucket(s), fusion threshold %g MiB, overlap %s", buckets_.size(),
+                options_.fusion_threshold_mb, options_.overlap ? "on" : "off");
+  return text;
 }
 
 float GradientReducer::loss_scale(int64_t passes) const {

@@ -63,6 +63,9 @@ class GradientReducer {
   void finish();
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
+  std::vector<int64_t> bucket_bytes() const;  // of the fp32 gradients, in launch order
+  // "3 bucket(s), fusion threshold 4 MiB, overlap on": for the run's summary.
+  std::string describe() const;
   ReducerTimes take_times() { return std::exchange(times_, {}); }
 
  private:

@@ -54,11 +54,8 @@ std::unique_ptr<Module> build_conv2d(const LayerContext& c) {
   const int padding = r.get_in_range("padding", 0, 0, 64);
   const bool bias = r.get<bool>("bias", true);
   auto layer = std::make_unique<Conv2D>(c.name, c.input[0], out, kernel, stride, padding, bias);
-  const Initializer w = parse_initializer(r, "weight_init", false),
-                    b = parse_initializer(r, "bias_init", true);
-  const int64_t fan_in = c.input[0] * kernel * kernel, fan_out = out * kernel * kernel;
-  initialize(layer->weight(), w, fan_in, fan_out, c.seed, c.name + ".weight");
-  if (bias) initialize(layer->bias(), b, fan_in, fan_out, c.seed, c.name + ".bias");
+  initialize_weight_and_bias(r, layer->weight(), layer->bias(), c.input[0] * kernel * kernel,
+                             out * kernel * kernel, c.seed, c.name);
   return layer;
 }
 }  // namespace

@@ -38,10 +38,7 @@ std::unique_ptr<Module> build_dense(const LayerContext& c) {
   const int64_t in = c.input[0], out = r.get_in_range<int64_t>("out_features", 1, 1, 1 << 24);
   const bool bias = r.get<bool>("bias", true);
   auto layer = std::make_unique<Dense>(c.name, in, out, bias);
-  const Initializer w = parse_initializer(r, "weight_init", false),
-                    b = parse_initializer(r, "bias_init", true);
-  initialize(layer->weight(), w, in, out, c.seed, c.name + ".weight");
-  if (bias) initialize(layer->bias(), b, in, out, c.seed, c.name + ".bias");
+  initialize_weight_and_bias(r, layer->weight(), layer->bias(), in, out, c.seed, c.name);
   return layer;
 }
 }  // namespace

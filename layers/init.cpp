@@ -45,6 +45,14 @@ void initialize(const Tensor& t, const Initializer& init, int64_t fan_in, int64_
   for (float& v : t.values()) v = rng.uniform(-bound, bound);
 }
 
+void initialize_weight_and_bias(ObjectReader& reader, const Tensor& weight, const Tensor& bias,
+                                int64_t fan_in, int64_t fan_out, uint64_t seed, const std::string& name) {
+  const Initializer w = parse_initializer(reader, "weight_init", false),
+                    b = parse_initializer(reader, "bias_init", true);
+  initialize(weight, w, fan_in, fan_out, seed, name + ".weight");
+  if (bias.defined()) initialize(bias, b, fan_in, fan_out, seed, name + ".bias");
+}
+
 void kaiming_normal_fan_out(const Tensor& weight, uint64_t seed, const std::string& name) {
   const double stddev = std::sqrt(2.0 / static_cast<double>(weight.dim(0) * weight.dim(2) * weight.dim(3)));
   Rng rng(derive_seed(seed, name));

@@ -25,6 +25,11 @@ Initializer parse_initializer(ObjectReader& reader, const std::string& key, bool
 void initialize(const Tensor& t, const Initializer& init, int64_t fan_in, int64_t fan_out, uint64_t seed,
                 const std::string& name);
 
+// A layer's "weight_init" and "bias_init" keys (both read, so both are checked) applied to
+// `<name>.weight` and, when the layer has one, `<name>.bias`.
+void initialize_weight_and_bias(ObjectReader& reader, const Tensor& weight, const Tensor& bias,
+                                int64_t fan_in, int64_t fan_out, uint64_t seed, const std::string& name);
+
 // torchvision's ResNet initialisation of a convolution weight [O, C, KH, KW]:
 // kaiming_normal_(mode="fan_out", nonlinearity="relu"), i.e. N(0, 2 / (O * KH * KW)).
 void kaiming_normal_fan_out(const Tensor& weight, uint64_t seed, const std::string& name);
