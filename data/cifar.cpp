@@ -4,9 +4,9 @@
 // coarse and a fine label byte (the fine one, 100 classes, is the label).
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 
 #include "core/error.h"
+#include "data/mapped_file.h"
 #include "data/registry.h"
 
 namespace dptrain::data {
@@ -36,42 +36,59 @@ CifarLayout cifar_layout(const std::string& dir, bool train) {
   return {{dir + (train ? "/train.bin" : "/test.bin")}, 2, 100};
 }
 
-std::vector<unsigned char> read_records(const std::string& path, int64_t record_bytes) {
-  std::ifstream in(path, std::ios::binary);
-  DPTRAIN_CHECK(in, path, ": cannot open CIFAR file");
-  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  DPTRAIN_CHECK(!bytes.empty() && static_cast<int64_t>(bytes.size()) % record_bytes == 0, path, ": ",
-                bytes.size(), " bytes is not a whole number of ", record_bytes,
-                "-byte records (truncated, or not this CIFAR variant)");
-  return bytes;
-}
+class CifarDataset final : public Dataset {
+ public:
+  CifarDataset(const CifarLayout& layout, std::vector<MappedFile> files, int64_t records)
+      : Dataset({3, 32, 32}, records, layout.classes),
+        label_bytes_(layout.label_bytes),
+        files_(std::move(files)) {
+    for (const MappedFile& file : files_)
+      first_record_.push_back(first_record_.back() +
+                              static_cast<int64_t>(file.bytes().size()) / record_bytes());
+  }
+
+  int32_t read(int64_t index, float* input, float*) const override {
+    const std::size_t file = static_cast<std::size_t>(
+        std::upper_bound(first_record_.begin(), first_record_.end(), index) - first_record_.begin() - 1);
+    const uint8_t* record = files_[file].bytes().data() + (index - first_record_[file]) * record_bytes();
+    const uint8_t* pixels = record + label_bytes_;
+    for (int64_t i = 0; i < kPixels; ++i) input[i] = static_cast<float>(pixels[i]) / 255.0f;
+    return record[label_bytes_ - 1];
+  }
+
+ private:
+  int64_t record_bytes() const { return label_bytes_ + kPixels; }
+
+  int64_t label_bytes_;
+  std::vector<MappedFile> files_;
+  std::vector<int64_t> first_record_{0};  // of each file, and the total at the end
+};
 
 }  // namespace
 
-Dataset load_cifar(const DatasetRequest& r) {
-  DPTRAIN_CHECK(r.std > 0.0f, r.dir, ": normalisation std must be positive, got ", r.std);
+// Every label is checked here, so that reading a sample cannot fail.
+std::unique_ptr<Dataset> open_cifar(const DatasetRequest& r) {
   const CifarLayout layout = cifar_layout(r.dir, r.train);
   const int64_t record = layout.label_bytes + kPixels;
-  float table[256];  // the operation order of torchvision's ToTensor + Normalize
-  for (int p = 0; p < 256; ++p) table[p] = (static_cast<float>(p) / 255.0f - r.mean) / r.std;
-  Dataset ds;
-  ds.sample_shape = {3, 32, 32};
-  ds.num_classes = layout.classes;
+  std::vector<MappedFile> files;
+  int64_t records = 0;
   for (const std::string& path : layout.files) {
-    const std::vector<unsigned char> bytes = read_records(path, record);
+    MappedFile file(path);
+    const std::span<const uint8_t> bytes = file.bytes();
+    DPTRAIN_CHECK(!bytes.empty() && static_cast<int64_t>(bytes.size()) % record == 0, path, ": ",
+                  bytes.size(), " bytes is not a whole number of ", record,
+                  "-byte records (truncated, or not this CIFAR variant)");
     for (int64_t at = 0; at < static_cast<int64_t>(bytes.size()); at += record) {
-      if (r.max_samples > 0 && ds.size == r.max_samples) return ds;
       const int label = bytes[static_cast<std::size_t>(at + layout.label_bytes - 1)];
       DPTRAIN_CHECK(label < layout.classes, path, ": label ", label, " of record ", at / record,
                     " is outside [0, ", layout.classes, ")");
-      ds.labels.push_back(label);
-      const unsigned char* pixels = bytes.data() + at + layout.label_bytes;
-      std::transform(pixels, pixels + kPixels, std::back_inserter(ds.inputs),
-                     [&](unsigned char p) { return table[p]; });
-      ++ds.size;
     }
+    records += static_cast<int64_t>(bytes.size()) / record;
+    files.push_back(std::move(file));
   }
-  return ds;
+  auto dataset = std::make_unique<CifarDataset>(layout, std::move(files), records);
+  dataset->keep_first(r.max_samples);
+  return dataset;
 }
 
 }  // namespace dptrain::data

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,14 @@ struct IdxArray {
 // Throws dptrain::Error whose message starts with the path on any malformed or missing file,
 // including a payload shorter or longer than the header promises.
 IdxArray read_idx(const std::string& path);
+
+// The same checks on a file already in memory (a mapped, uncompressed IDX file): the header's dims
+// and a view of the payload, which must be exactly as long as the header says.
+struct IdxView {
+  std::vector<int64_t> dims;
+  std::span<const uint8_t> bytes;
+};
+IdxView parse_idx(std::span<const uint8_t> file, const std::string& path);
 
 // dir/stem if it exists, else dir/stem.gz if it exists; otherwise throws naming both.
 std::string resolve_idx_path(const std::string& dir, const std::string& stem);

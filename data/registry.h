@@ -1,8 +1,10 @@
 // The registry of dataset formats by name (data.dataset): one line per format in data/registry.cpp.
-// A format loads a split from a request holding everything the config's data section says.
+// A format opens a split from a request holding everything the config's data section says; samples
+// are read later, batch by batch (data/loader.h), so opening costs little whatever the data set's size.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,8 +16,8 @@ namespace dptrain::data {
 struct DatasetRequest {
   bool train = true;
   std::string dir{};
-  float mean = 0, std = 1;           // pixels become (p / 255 - mean) / std
   int64_t max_samples = 0;           // 0: all
+  int64_t resize = 0;                // image_folder: the shorter side first resized to this; 0: as stored
   uint64_t seed = 0;                 // generated data: train uses it, test seed + 1
   Shape sample_shape{};              // model.input_shape
   int64_t model_classes = 0;         // the model's output width (0 unless its output is [classes])
@@ -25,7 +27,7 @@ struct DatasetRequest {
 
 struct DatasetEntry {
   const char* name;
-  Dataset (*load)(const DatasetRequest& request);
+  std::unique_ptr<Dataset> (*open)(const DatasetRequest& request);
   const char* default_dir;  // data.dir when the config leaves it out; "" for generated data
   const char* source;       // how the summary names the data; "" to name data.dir
 };

@@ -110,21 +110,4 @@ std::span<const int64_t> ShardedSampler::batch_indices(int64_t step) const {
   return {perm_.data() + start + offset, static_cast<std::size_t>(count)};
 }
 
-void gather_batch(const Dataset& ds, std::span<const int64_t> indices, float* inputs_out, int32_t* labels_out,
-                  float* targets_out) {
-  const int64_t numel = shape_numel(ds.sample_shape);
-  const int64_t target_width = ds.size > 0 ? static_cast<int64_t>(ds.targets.size()) / ds.size : 0;
-  DPTRAIN_CHECK(targets_out == nullptr || target_width > 0,
-                "gather_batch: targets requested but the dataset has none");
-  for (std::size_t i = 0; i < indices.size(); ++i) {
-    const int64_t idx = indices[i];
-    DPTRAIN_CHECK(idx >= 0 && idx < ds.size, "gather_batch: index ", idx, " outside dataset of ", ds.size);
-    std::memcpy(inputs_out + i * numel, ds.inputs.data() + idx * numel, numel * sizeof(float));
-    if (labels_out != nullptr) labels_out[i] = ds.labels.empty() ? 0 : ds.labels[idx];
-    if (targets_out != nullptr)
-      std::memcpy(targets_out + i * target_width, ds.targets.data() + idx * target_width,
-                  target_width * sizeof(float));
-  }
-}
-
 }  // namespace dptrain::data

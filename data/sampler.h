@@ -5,8 +5,6 @@
 #include <span>
 #include <vector>
 
-#include "data/dataset.h"
-
 namespace dptrain::data {
 
 // Every rank builds the same permutation of [0, n) from (seed, epoch) and takes, in each step, its
@@ -87,10 +85,5 @@ class ShardedSampler {
   void plan(int64_t remaining);           // lays out the steps over `remaining` samples from first_
   int64_t step_size(int64_t step) const;  // samples of a step, all ranks
 };
-
-// Copies the selected samples into caller buffers (inputs: indices.size() * sample numel floats).
-// labels_out and targets_out may be null; targets_out non-null needs a dataset with targets.
-void gather_batch(const Dataset& ds, std::span<const int64_t> indices, float* inputs_out, int32_t* labels_out,
-                  float* targets_out);
 
 }  // namespace dptrain::data

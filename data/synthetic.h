@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "data/dataset.h"
@@ -24,11 +25,12 @@ struct SyntheticDataOptions {
 
 // `samples` rows of features x_j ~ N(j, 1) (means 0, 1, 2, ...) and targets x . coefficients
 // (+ N(0, noise^2)), seeded. sample_shape {features}, one target per sample, no labels.
-Dataset make_linear_dataset(int64_t samples, const std::vector<double>& coefficients, double noise,
-                            uint64_t seed);
+std::unique_ptr<Dataset> make_linear_dataset(int64_t samples, const std::vector<double>& coefficients,
+                                             double noise, uint64_t seed);
 
 // `samples` images of `sample_shape` with N(0, 1) pixels and labels uniform in [0, classes), seeded:
 // what Horovod's synthetic benchmark feeds, for throughput without a dataset on disk.
-Dataset make_random_images(int64_t samples, const Shape& sample_shape, int classes, uint64_t seed);
+std::unique_ptr<Dataset> make_random_images(int64_t samples, const Shape& sample_shape, int classes,
+                                            uint64_t seed);
 
 }  // namespace dptrain::data

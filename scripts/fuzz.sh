@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Fuzzes the readers of outside files (tests/fuzz: config, idx, checkpoint) with libFuzzer under
+# Fuzzes the readers of outside files (tests/fuzz: config, idx, npy, image, cifar, checkpoint) with libFuzzer under
 # AddressSanitizer and UBSan, each for a bounded time, starting from its seed corpus and its kept
 # crash inputs. Builds them first with clang in --build (-DDPTRAIN_FUZZ=ON: core/ and data/ only).
 #
-#   scripts/fuzz.sh [--seconds 30 | --runs N] [--targets "config idx checkpoint"] [--build build-fuzz]
+#   scripts/fuzz.sh [--seconds 30 | --runs N] [--targets "config idx npy image cifar checkpoint"] [--build build-fuzz]
 #
 # --runs N fuzzes each target for N executions instead of a time (e.g. 10000000 for a long run).
 # The corpus grows in BUILD/corpus/<target> (the checked-in seeds are never written). A crash leaves
@@ -12,7 +12,7 @@
 # Needs clang, libclang-rt-14-dev and libomp-14-dev (scripts/setup.sh --with-fuzz).
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-seconds=30 runs="" targets="config idx checkpoint" build="$repo_root/build-fuzz"
+seconds=30 runs="" targets="config idx npy image cifar checkpoint" build="$repo_root/build-fuzz"
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds=$2 ;;

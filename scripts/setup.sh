@@ -31,7 +31,8 @@ done
 install_packages() {
   # gnuplot-nox and iproute2: the scaling experiments' plots and network namespaces (scripts/).
   local wanted=(build-essential cmake libeigen3-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin
-                libgtest-dev zlib1g-dev libcli11-dev gnuplot-nox iproute2)
+                libgtest-dev zlib1g-dev libpng-dev libjpeg62-turbo-dev libjpeg-turbo-progs libcli11-dev
+                gnuplot-nox iproute2)
   # OpenBLAS only with the extras: installing it switches Debian's libblas.so.3 (PyTorch's BLAS) to
   # OpenBLAS, which the PyTorch side of the benchmarks wants and nothing else should get unasked.
   [[ "$with_torch" == 1 ]] && wanted+=(python3-torch python3-torchvision python3-numpy dataset-fashion-mnist libopenblas-dev)

@@ -93,6 +93,23 @@ void expect_error(F&& f, std::initializer_list<std::string> fragments, bool one_
   }
 }
 
+// The message of the dptrain::Error that fn throws, or a note that it threw none: for tests that
+// check a message's beginning or order (EXPECT_STARTS_WITH), where expect_error checks fragments.
+template <typename F>
+std::string error_of(F&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no dptrain::Error thrown>";
+}
+
+#define EXPECT_CONTAINS(text, part) \
+  EXPECT_NE(std::string(text).find(part), std::string::npos) << "in: " << (text) << "\nmissing: " << (part)
+#define EXPECT_STARTS_WITH(text, part) \
+  EXPECT_EQ(std::string(text).rfind(part, 0), 0u) << "in: " << (text) << "\nexpected prefix: " << (part)
+
 // expect_error, and the message is one line: what main prints.
 template <typename F>
 void expect_one_line_error(F&& f, std::initializer_list<std::string> fragments) {

@@ -13,7 +13,8 @@ BenchmarkResult Trainer::benchmark(const BenchmarkOptions& options) {
   int64_t epoch = 0, step = 0, steps = 0;
   const auto next_step = [&](StepTotals& totals) {
     if (step == steps) {
-      sampler_.set_epoch(epoch++);
+      sampler_.set_epoch(epoch);
+      start_loading(epoch++);
       steps = (sampler_.steps_per_epoch() + batches_per_step_ - 1) / batches_per_step_;
       step = 0;
     }
@@ -39,7 +40,7 @@ BenchmarkResult Trainer::benchmark(const BenchmarkOptions& options) {
   }
   result.tensor_allocations = static_cast<int64_t>(storage_stats().fresh_allocations - allocations_before);
   result.parameters = layers::parameter_count(*model_);
-  result.training_flops_per_sample = 6 * model_->multiply_adds(train_set_.sample_shape);
+  result.training_flops_per_sample = 6 * model_->multiply_adds(train_set_->sample_shape());
   result.bucket_bytes = gradient_sync_->bucket_bytes();
   double backward[2] = {timed.backward, timed.forward + timed.backward};
   comm_->allreduce(std::span<double>(backward), distributed::ReduceOp::kSum, "allreduce of backward time");

@@ -23,6 +23,7 @@ constexpr Names<DeviceKind> kDevices = {
     {"cpu", DeviceKind::kCpu}, {"cuda", DeviceKind::kCuda}, {"auto", DeviceKind::kAuto}};
 constexpr Names<CommBackend> kCommBackends = {
     {"auto", CommBackend::kAuto}, {"nccl", CommBackend::kNccl}, {"mpi", CommBackend::kMpi}};
+constexpr Names<OnBadSample> kOnBadSample = {{"error", OnBadSample::kError}, {"skip", OnBadSample::kSkip}};
 constexpr Names<LossKind> kLosses = {{"cross_entropy", LossKind::kCrossEntropy}, {"mse", LossKind::kMse}};
 constexpr Names<optim::LrScaling> kLrScalings = {{"linear", optim::LrScaling::kLinear},
                                                  {"none", optim::LrScaling::kNone}};
@@ -62,6 +63,9 @@ const When<Config> kCosineSchedule{
 const When<Config> kLinearData{R"(data.dataset = "linear")",
                                [](const Config& c) { return c.data.dataset == "linear"; },
                                rule(R"(applies to data.dataset "linear" only)")};
+const When<Config> kImageFolderData{R"(data.dataset = "image_folder")",
+                                    [](const Config& c) { return c.data.dataset == "image_folder"; },
+                                    rule(R"(applies to data.dataset "image_folder" only)")};
 const When<Config> kSyntheticData{R"(data.dataset = "synthetic")",
                                   [](const Config& c) { return c.data.dataset == "synthetic"; },
                                   rule(R"(applies to data.dataset "synthetic" only)")};
@@ -121,6 +125,19 @@ const Check<std::string> kNonEmptyText{
 const Check<std::vector<double>> kNonEmptyList{"non-empty", [](const std::vector<double>& v) {
                                                  return std::string(v.empty() ? " must not be empty" : "");
                                                }};
+Check<Json> per_channel(bool positive) {
+  return {positive ? "a number > 0, or a non-empty list of them (one per channel)"
+                   : "a number, or a non-empty list of numbers (one per channel)",
+          [positive](const Json& v) -> std::string {
+            const bool number = v.is_number(), list = v.is_array() && !v.empty();
+            if (!number && !list) return " must be a number or a non-empty list of numbers, one per channel";
+            for (const Json& x : list ? v : Json::array({v})) {
+              if (!x.is_number()) return " must hold numbers only";
+              if (positive && !(x.get<double>() > 0)) return " = " + v.dump() + ": every value must be > 0";
+            }
+            return "";
+          }};
+}
 const Check<Shape> kShape{"non-empty; every dimension > 0", [](const Shape& shape) -> std::string {
                             if (shape.empty()) return " must not be empty";
                             for (int64_t d : shape)
@@ -152,10 +169,13 @@ void declare_top(Top t) {
 void declare_data(SectionBuilder<Config, DataConfig> d) {
   using D = DataConfig;
   d.field("dataset", &D::dataset, "mnist", Choices{data::dataset_names},
-          "IDX files (`mnist`, `fashion_mnist`), CIFAR binary files (`cifar`), `linear` regression or "
-          "`synthetic` images.");
+          "IDX files (`idx`, or `mnist` and `fashion_mnist` with their own default folders), NumPy files "
+          "(`npy`), PNG/JPEG files in class folders (`image_folder`), CIFAR binary files (`cifar`), "
+          "`linear` regression or `synthetic` images: docs/data.md.");
   d.field("dir", &D::dir, kDataDir, Any{},
-          "Directory of the data set's files (IDX: `train-images-idx3-ubyte` etc., raw or .gz).");
+          "Directory of the data set's files: IDX `train-images-idx3-ubyte` etc. (raw or .gz); npy "
+          "`train_x.npy`, `train_y.npy`, `test_x.npy`, `test_y.npy`; image_folder `train/<class>/*.png` and "
+          "`test/<class>/*.jpg`; cifar `data_batch_1.bin`... or `train.bin`.");
   d.field("batch_size", &D::batch_size, 128, Range{1, 1 << 20},
           "Per rank; the global batch is batch_size x ranks x backward_passes_per_step.");
   d.field("eval_batch_size", &D::eval_batch_size, 1000, Range{1, 1 << 20},
@@ -165,8 +185,31 @@ void declare_data(SectionBuilder<Config, DataConfig> d) {
   d.field("shuffle", &D::shuffle, true, Any{},
           "A permutation per epoch from (seed, epoch); false: file order.");
   d.field("drop_last", &D::drop_last, false, Any{}, "Drop the tail that does not fill a global batch.");
-  d.field("mean", &D::mean, 0.1307, Any{}, "Pixels become (x/255 - mean) / std.");
-  d.field("std", &D::std, 0.3081, kPositive, "See `data.mean`.");
+  d.field("mean", &D::mean, Json(0.1307), per_channel(false),
+          "Pixels become (x/255 - mean[c]) / std[c] in channel c; one number: every channel. Not applied "
+          "to generated data.");
+  d.field("std", &D::std, Json(0.3081), per_channel(true), "See `data.mean`.");
+  d.field("workers", &D::workers, -1, Range{-1, 64},
+          "Threads per rank that read, decode, augment and normalise batches ahead of the step. -1: none "
+          "for data in memory, 1 for mapped files (idx, npy, cifar), the host's cores / ranks on it (at "
+          "most 4) for image_folder; the summary prints the choice.");
+  d.field("prefetch", &D::prefetch, 2, Range{1, 64},
+          "Batches read ahead of the step; memory per rank is (prefetch + 1) batches, whatever the data "
+          "set's size.");
+  d.field("resize", &D::resize, 0, Range{0, 16384},
+          "image_folder: resize the shorter side to this (bilinear), then centre-crop to model.input_shape; "
+          "0: images are centre-cropped as stored.",
+          kImageFolderData);
+  d.field("on_bad_sample", &D::on_bad_sample, OnBadSample::kError, kOnBadSample,
+          "A corrupt or truncated image: `error` stops the run naming the file; `skip` replaces it by the "
+          "next good sample (so every rank keeps its step count) and warns with a count after the epoch.");
+  auto a = d.section("augment", &D::augment,
+                     "Training samples only, keyed by (seed, epoch, sample): the same on any worker, rank "
+                     "or resume.");
+  a.field("random_crop_padding", &AugmentConfig::random_crop_padding, 0, Range{0, 1024},
+          "Pad by this many black pixels, then crop back to H x W at a random offset (RandomCrop); 0: off.");
+  a.field("horizontal_flip", &AugmentConfig::horizontal_flip, false, Any{},
+          "Mirror left-right with probability 1/2 (RandomHorizontalFlip).");
   auto l = d.section("linear", &D::linear, "Features x_j ~ N(j, 1), target x . coefficients + noise.",
                      kLinearData);
   l.field("samples", &LinearDataConfig::samples, 1000, Range{1, 1 << 30}, "Training samples.");

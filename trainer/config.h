@@ -23,6 +23,7 @@ enum class DeviceKind { kCpu, kCuda, kAuto };   // kAuto: CUDA when this build h
 enum class CommBackend { kAuto, kNccl, kMpi };  // kAuto: NCCL on GPUs, MPI on CPUs
 enum class LossKind { kCrossEntropy, kMse };
 enum class OnCheckpointError { kStop, kWarn };  // what a failed checkpoint write does to the run
+enum class OnBadSample { kError, kSkip };       // what a corrupt image or a bad label does to the run
 
 // The config spellings ("fashion_mnist", "mse", "adamw", ...).
 std::string to_string(DeviceKind kind);
@@ -30,6 +31,11 @@ std::string to_string(CommBackend kind);
 std::string to_string(LossKind kind);
 
 using SyntheticDataConfig = data::SyntheticDataOptions;
+
+struct AugmentConfig {  // training split only
+  int64_t random_crop_padding{};
+  bool horizontal_flip{};
+};
 
 struct DataConfig {
   std::string dataset{};  // a registered format (data/registry.h)
@@ -40,8 +46,13 @@ struct DataConfig {
   int64_t max_test_samples{};
   bool shuffle{};
   bool drop_last{};
-  double mean{};
-  double std{};
+  Json mean;  // a number, or one per channel
+  Json std;
+  int64_t workers{};   // -1: as data::default_workers picks
+  int64_t prefetch{};  // batches read ahead
+  int64_t resize{};    // image_folder: the shorter side resized to this first; 0: as stored
+  OnBadSample on_bad_sample{};
+  AugmentConfig augment;
   LinearDataConfig linear;        // data.dataset "linear" only
   SyntheticDataConfig synthetic;  // data.dataset "synthetic" only
 };

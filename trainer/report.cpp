@@ -36,6 +36,7 @@ void print_summary(const Config& config, const RunSummary& s) {
               source.c_str(), static_cast<long long>(s.train_samples), static_cast<long long>(s.test_samples),
               static_cast<long long>(config.data.batch_size), static_cast<long long>(s.global_batch));
   std::printf(", %lld steps per epoch\n", static_cast<long long>(s.steps_per_epoch));
+  if (!s.loader.empty()) std::printf("loader: %s\n", s.loader.c_str());
   if (!s.gradient_sync.empty()) {
     const std::size_t end_of_line = s.gradient_sync.find('\n');
     std::printf(

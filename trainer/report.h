@@ -21,6 +21,7 @@ struct RunSummary {
   std::string model_description;
   int64_t train_samples = 0, test_samples = 0;
   int64_t global_batch = 0, steps_per_epoch = 0;
+  std::string loader;         // workers, read-ahead and augmentation of the training split
   std::string gradient_sync;  // its description, line by line ("" when there is nothing to say)
   double scaled_lr = 0;
   bool already_complete = false;

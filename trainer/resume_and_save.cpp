@@ -14,10 +14,11 @@ namespace dptrain::trainer {
 // Rank 0: loads `which` ("auto" or a path) into the parameters, optimizer state and position_.
 void Trainer::resume(const std::string& which) {
   const std::optional<Checkpoint> found = checkpoints_.find(which, [&](const Checkpoint& c) {
-    DPTRAIN_CHECK(c.position.epoch_samples_done < train_set_.size, c.path, ": its position (sample ",
+    DPTRAIN_CHECK(c.position.epoch_samples_done < train_set_->size(), c.path, ": its position (sample ",
                   c.position.epoch_samples_done, " of epoch ", c.position.epochs_completed + 1,
-                  ") lies beyond the ", train_set_.size, " training samples configured now");
+                  ") lies beyond the ", train_set_->size(), " training samples configured now");
     check_deterministic_resume(c);
+    check_classes(c);
     const std::vector<NamedTensor> state = optimizer_->state();
     // A gradient sync's state is optional either way: the strategy may change at a resume.
     restore(c, model_state(), &state, distributed::gradient_sync_state_names());
@@ -39,8 +40,8 @@ void Trainer::resume(const std::string& which) {
   std::printf("dptrain: resuming from %s: step %lld, epoch %lld at sample %lld of %lld (written on %s%s)\n",
               c.path.c_str(), static_cast<long long>(c.position.global_step),
               static_cast<long long>(c.position.epochs_completed + 1),
-              static_cast<long long>(c.position.epoch_samples_done), static_cast<long long>(train_set_.size),
-              written.c_str(),
+              static_cast<long long>(c.position.epoch_samples_done),
+              static_cast<long long>(train_set_->size()), written.c_str(),
               written == now ? "" : (", now " + now + ": same samples, lr rescaled").c_str());
 }
 
@@ -61,7 +62,7 @@ void Trainer::save_checkpoint() {
   const Json sampler = {{"seed", config_.seed},
                         {"shuffle", config_.data.shuffle},
                         {"drop_last", config_.data.drop_last},
-                        {"dataset_size", train_set_.size},
+                        {"dataset_size", train_set_->size()},
                         {"epoch", position_.epochs_completed},
                         {"first_sample", position_.epoch_samples_done}};
   const Json rng = {
@@ -82,6 +83,7 @@ void Trainer::save_checkpoint() {
                                       {"optimizer", config_.optimizer.type},
                                       {"lr", std::to_string(lr_)},
                                       {"sampler", sampler.dump()},
+                                      {"classes", Json(train_set_->class_names()).dump()},
                                       {"rng", rng.dump()},
                                       {"config", to_json(config_).dump()}}});
   if (!note.empty()) progress_.note(note);
@@ -104,6 +106,27 @@ void Trainer::write_stop_note(const std::string& why) const {
                "(resume with --resume auto)\n",
                why.c_str(), static_cast<long long>(position_.global_step), checkpoint.c_str(),
                kExitStoppedWithCheckpoint);
+}
+
+// Labels are positions in the class list: another list would silently relabel the data.
+void Trainer::check_classes(const Checkpoint& c) const {
+  const auto entry = c.file.metadata.find("classes");
+  if (entry == c.file.metadata.end()) return;  // written before class lists were recorded
+  const Json then = Json::parse(entry->second, nullptr, false);
+  const Json now = train_set_->class_names();
+  if (then == now) return;
+  std::size_t first_difference = 0;
+  while (then.is_array() && first_difference < std::min(then.size(), now.size()) &&
+         then[first_difference] == now[first_difference])
+    ++first_difference;
+  const auto name_at = [&](const Json& names) {
+    return names.is_array() && first_difference < names.size() ? names[first_difference].dump() : "none";
+  };
+  DPTRAIN_FAIL(c.path, ": written with the classes of another data set: ", then.is_array() ? then.size() : 0,
+               " classes then, ", now.size(), " in data.dir ", config_.data.dir, " now; class ",
+               first_difference, " was ", name_at(then), ", is ", name_at(now),
+               ". Labels would change meaning: resume with the same class folders, or start afresh "
+               "(model.init_from keeps the weights)");
 }
 
 Json Trainer::deterministic_metadata() const {

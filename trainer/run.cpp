@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <thread>
 
@@ -53,20 +54,57 @@ std::unique_ptr<layers::Sequential> build_model(const ModelConfig& m, uint64_t s
 }
 
 // `model` sets the classes of generated data: the width of its output.
-data::Dataset load_dataset(const Config& c, const layers::Module& model, bool train) {
+std::unique_ptr<data::Dataset> open_dataset(const Config& c, const layers::Module& model, bool train) {
   const DataConfig& d = c.data;
   const Shape out = model.output_shape(c.model.input_shape);
-  return data::dataset_format(d.dataset).load(
-      {.train = train,
-       .dir = d.dir,
-       .mean = static_cast<float>(d.mean),
-       .std = static_cast<float>(d.std),
-       .max_samples = train ? d.max_train_samples : d.max_test_samples,
-       .seed = c.seed,
-       .sample_shape = c.model.input_shape,
-       .model_classes = out.size() == 1 ? out[0] : 0,
-       .linear = d.linear,
-       .synthetic = d.synthetic});
+  const int64_t max_samples = train ? d.max_train_samples : d.max_test_samples;
+  std::unique_ptr<data::Dataset> dataset =
+      data::dataset_format(d.dataset).open({.train = train,
+                                            .dir = d.dir,
+                                            .max_samples = max_samples,
+                                            .resize = d.resize,
+                                            .seed = c.seed,
+                                            .sample_shape = c.model.input_shape,
+                                            .model_classes = out.size() == 1 ? out[0] : 0,
+                                            .linear = d.linear,
+                                            .synthetic = d.synthetic});
+  dataset->keep_first(max_samples);
+  return dataset;
+}
+
+std::vector<float> per_channel(const Json& value) {
+  std::vector<float> out;
+  for (const Json& x : value.is_array() ? value : Json::array({value})) out.push_back(x.get<float>());
+  return out;
+}
+
+data::LoaderOptions loader_options(const Config& c, const data::Dataset& dataset,
+                                   const distributed::World& world, bool train) {
+  const DataConfig& d = c.data;
+  return {.workers = static_cast<int>(
+              d.workers >= 0 ? d.workers : data::default_workers(dataset.read_cost(), world.local_size())),
+          .prefetch = static_cast<int>(d.prefetch),
+          .mean = per_channel(d.mean),
+          .std = per_channel(d.std),
+          .augmentation = train ? data::Augmentation{.crop_padding = d.augment.random_crop_padding,
+                                                     .horizontal_flip = d.augment.horizontal_flip}
+                                : data::Augmentation{},
+          .seed = c.seed,
+          .skip_bad_samples = d.on_bad_sample == OnBadSample::kSkip};
+}
+
+std::string describe_loader(const Config& c, const data::BatchLoader& loader) {
+  std::string line = std::to_string(loader.workers()) + " worker(s) per rank";
+  line += loader.workers() > 0 ? ", " + std::to_string(c.data.prefetch) + " batch(es) read ahead"
+                               : ", reading inline";
+  const AugmentConfig& a = c.data.augment;
+  std::string augment;
+  if (a.random_crop_padding > 0)
+    augment = "random crop (padding " + std::to_string(a.random_crop_padding) + ")";
+  if (a.horizontal_flip) augment += (augment.empty() ? "" : " + ") + std::string("horizontal flip");
+  line += "; augmentation: " + (augment.empty() ? std::string("none") : augment);
+  if (c.data.on_bad_sample == OnBadSample::kSkip) line += "; bad samples skipped";
+  return line;
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const OptimizerConfig& o, const FlatParameters& parameters) {
@@ -81,14 +119,17 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const OptimizerConfig& o, const
 }
 
 // The data set against the model and the world: what the config alone could not check.
-void check_data_fits(const Config& c, const data::Dataset& train, const data::ShardedSampler& sampler,
-                     const distributed::World& world) {
+void check_data_fits(const Config& c, const data::Dataset& train, const data::Dataset& test,
+                     const data::ShardedSampler& sampler, const distributed::World& world) {
   const std::string& dataset = c.data.dataset;
-  DPTRAIN_CHECK(c.model.input_shape == train.sample_shape,
+  DPTRAIN_CHECK(c.model.input_shape == train.sample_shape(),
                 "config key model.input_shape = ", shape_str(c.model.input_shape),
                 " does not match the samples of data.dataset \"", dataset, "\" (",
-                shape_str(train.sample_shape), ")");
-  const bool regression = !train.targets.empty();
+                shape_str(train.sample_shape()), ")");
+  DPTRAIN_CHECK(train.class_names() == test.class_names(), c.data.dir, ": the training split has ",
+                train.class_names().size(), " classes and the test split ", test.class_names().size(),
+                ", or other names; both need the same class folders");
+  const bool regression = train.target_width() > 0;
   DPTRAIN_CHECK(c.model.loss == LossKind::kMse || !regression, "data.dataset \"", dataset,
                 "\" is a regression dataset; set model.loss to \"mse\"");
   DPTRAIN_CHECK(
@@ -96,8 +137,8 @@ void check_data_fits(const Config& c, const data::Dataset& train, const data::Sh
       "model.loss \"mse\" needs a regression dataset (data.dataset \"linear\"); use \"cross_entropy\" for "
       "classes");
   DPTRAIN_CHECK(sampler.steps_per_epoch() > 0, "data.batch_size ", c.data.batch_size, " x ", world.size(),
-                " ranks is larger than the ", train.size, " training samples with data.drop_last");
-  DPTRAIN_CHECK(train.size >= world.size(), "only ", train.size, " training samples for ", world.size(),
+                " ranks is larger than the ", train.size(), " training samples with data.drop_last");
+  DPTRAIN_CHECK(train.size() >= world.size(), "only ", train.size(), " training samples for ", world.size(),
                 " ranks: every rank needs at least one sample per step");
 }
 
@@ -155,10 +196,10 @@ Trainer::Trainer(const Config& config, const distributed::World& world)
       device_comm_(make_device_communicator(config, device_, *comm_)),
       state_comm_(device_comm_ ? device_comm_.get() : comm_.get()),
       model_(build_model(config.model, config.seed)),
-      train_set_(load_dataset(config, *model_, true)),
-      test_set_(load_dataset(config, *model_, false)),
+      train_set_(open_dataset(config, *model_, true)),
+      test_set_(open_dataset(config, *model_, false)),
       deterministic_(config.distributed.deterministic),
-      sampler_(train_set_.size,
+      sampler_(train_set_->size(),
                config.data.batch_size * (deterministic_ ? config.distributed.backward_passes_per_step : 1),
                world.rank(), world.size(), config.seed, config.data.shuffle, config.data.drop_last,
                deterministic_ ? config.distributed.deterministic_micro_batch : 0),
@@ -166,7 +207,11 @@ Trainer::Trainer(const Config& config, const distributed::World& world)
       progress_(world.is_root(), config.training.progress, config.training.log_every_steps),
       fault_(InjectedFault::from_environment()),
       checkpoints_(config.checkpoint, world.rank(), fault_) {
-  check_data_fits(config, train_set_, sampler_, world);
+  check_data_fits(config, *train_set_, *test_set_, sampler_, world);
+  train_loader_ =
+      std::make_unique<data::BatchLoader>(*train_set_, loader_options(config, *train_set_, world, true));
+  test_loader_ =
+      std::make_unique<data::BatchLoader>(*test_set_, loader_options(config, *test_set_, world, false));
   parameters_ = std::make_unique<FlatParameters>(model_->named_parameters(), device_);
   buffers_ = std::make_unique<FlatParameters>(model_->named_buffers(), device_);
   if (config.distributed.sync_batchnorm && world.size() > 1) {
@@ -265,6 +310,7 @@ TrainingResult Trainer::run() {
 EpochMetrics Trainer::train_epoch(int64_t epoch) {
   const int64_t first_sample = epoch == position_.epochs_completed + 1 ? position_.epoch_samples_done : 0;
   sampler_.set_epoch(epoch - 1, first_sample);
+  start_loading(epoch - 1);
   model_->set_training(true);
   const int64_t steps = (sampler_.steps_per_epoch() + batches_per_step_ - 1) / batches_per_step_;
   progress_.begin_epoch(epoch, config_.training.epochs, steps);
@@ -283,6 +329,7 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
     if (!epoch_ends && checkpoints_.due_after_step(position_.global_step)) save_checkpoint();
   }
   progress_.end_epoch();
+  report_bad_samples(*train_loader_, "epoch " + std::to_string(epoch));
   if (step == steps) {
     position_.epochs_completed = epoch;
     position_.epoch_samples_done = 0;
@@ -334,24 +381,30 @@ Evaluation Trainer::evaluate() {
   if (buffers_follow_rank0()) broadcast_buffers_from_rank0();
   NoGradGuard no_grad;
   model_->set_training(false);
-  const int64_t n = test_set_.size, r = world_.rank(), size = world_.size(),
+  const int64_t n = test_set_->size(), r = world_.rank(), size = world_.size(),
                 chunk = config_.data.eval_batch_size, chunks = (n + chunk - 1) / chunk;
   const int64_t begin = std::min(n, chunks * r / size * chunk),
                 end = std::min(n, chunks * (r + 1) / size * chunk);
   const bool mse = config_.model.loss == LossKind::kMse;
   distributed::ExactScalarSum loss_sum;
   int64_t correct = 0;
-  std::vector<int64_t> indices;
-  for (int64_t first = begin; first < end; first += chunk) {
-    const int64_t last = std::min(end, first + chunk);
-    indices.resize(last - first);
-    for (int64_t i = first; i < last; ++i) indices[i - first] = i;
-    load_batch(test_set_, indices);
+  test_indices_.resize(static_cast<std::size_t>(n));
+  std::iota(test_indices_.begin(), test_indices_.end(), 0);
+  std::vector<std::span<const int64_t>> batches;
+  for (int64_t first = begin; first < end; first += chunk)
+    batches.push_back(std::span<const int64_t>(test_indices_)
+                          .subspan(static_cast<std::size_t>(first),
+                                   static_cast<std::size_t>(std::min(end, first + chunk) - first)));
+  test_loader_->start(0, batches);
+  for (const std::span<const int64_t> indices : batches) {
+    const int64_t first = indices.front(), last = indices.back() + 1;
+    load_batch(*test_loader_, indices);
     const Tensor output = model_->forward(batch_.inputs);
     const Tensor loss = loss_of(output);
     loss_sum.add(static_cast<double>(loss.item()) * static_cast<double>(last - first));
     if (!mse) correct += count_correct(output, batch_.labels);
   }
+  report_bad_samples(*test_loader_, "evaluation");
   loss_sum.allreduce(*comm_, "allreduce of the evaluation loss");
   comm_->allreduce(std::span<int64_t>(&correct, 1), distributed::ReduceOp::kSum,
                    "allreduce of correct predictions");
@@ -415,10 +468,11 @@ RunSummary Trainer::summary() const {
           .parameters_checksum = checksum_,
           .parameters = layers::parameter_count(*model_),
           .model_description = model_->describe(),
-          .train_samples = train_set_.size,
-          .test_samples = test_set_.size,
+          .train_samples = train_set_->size(),
+          .test_samples = test_set_->size(),
           .global_batch = global_batch(),
           .steps_per_epoch = (sampler_.steps_per_epoch() + batches_per_step_ - 1) / batches_per_step_,
+          .loader = describe_loader(config_, *train_loader_),
           .gradient_sync = gradient_sync_->describe(),
           .scaled_lr = schedule_->scaled_lr(),
           .already_complete = config_.training.epochs <= position_.epochs_completed || step_limit_reached(),

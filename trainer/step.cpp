@@ -3,6 +3,7 @@
 //     (the gradient sync's hooks around it: buckets launch as gradients become ready)
 //   -> gradient sync finishes (the gradients are the average over all ranks) -> optimizer -> position
 #include <algorithm>
+#include <cstdio>
 
 #include "core/ops.h"
 #include "trainer/phase.h"
@@ -28,7 +29,7 @@ void Trainer::train_step(int64_t epoch, int64_t step, StepTotals& totals) {
     const MicroBatch& micro_batch = plan.micro_batches[static_cast<std::size_t>(i)];
     {
       Phase phase(totals.data, "data");
-      load_batch(train_set_, micro_batch.indices);
+      load_batch(*train_loader_, micro_batch.indices);
     }
     model_->reseed(micro_batch.dropout_seed);
     Tensor output, loss;
@@ -85,18 +86,36 @@ const Trainer::StepPlan& Trainer::plan_step(int64_t step) {
   plan.samples_before = sampler_.samples_before(step);
   plan.samples_after = sampler_.samples_before(step + 1);
   const double step_samples = static_cast<double>(plan.samples_after - plan.samples_before);
-  const std::span<const int64_t> mine = sampler_.batch_indices(step);
-  const int64_t size = static_cast<int64_t>(mine.size()),
-                micro = config_.distributed.deterministic_micro_batch;
-  for (int64_t first = 0, i = 0; first < size; first += micro, ++i) {
-    const std::span<const int64_t> indices = mine.subspan(
-        static_cast<std::size_t>(first), static_cast<std::size_t>(std::min(micro, size - first)));
+  int64_t i = 0;
+  for (const std::span<const int64_t> indices : micro_batches_of(sampler_.batch_indices(step)))
     plan.micro_batches.push_back({indices,
                                   static_cast<float>(static_cast<double>(indices.size()) / step_samples),
-                                  dropout_stream_of_micro_batch(sampler_.first_micro_batch(step) + i)});
-  }
+                                  dropout_stream_of_micro_batch(sampler_.first_micro_batch(step) + i++)});
   plan.global_micro_batches = sampler_.micro_batches(step);
   return plan;
+}
+
+// Deterministic mode cuts this rank's share of a step into micro-batches of fixed size (the last may
+// be shorter); regular mode's micro-batch is the sampler's batch.
+std::vector<std::span<const int64_t>> Trainer::micro_batches_of(std::span<const int64_t> batch) const {
+  if (!deterministic_) return {batch};
+  const int64_t size = static_cast<int64_t>(batch.size()),
+                micro = config_.distributed.deterministic_micro_batch;
+  std::vector<std::span<const int64_t>> out;
+  for (int64_t first = 0; first < size; first += micro)
+    out.push_back(batch.subspan(static_cast<std::size_t>(first),
+                                static_cast<std::size_t>(std::min(micro, size - first))));
+  return out;
+}
+
+// The steps take the sampler's batches in order, each as its micro-batches: the loader reads ahead
+// along that list.
+void Trainer::start_loading(int64_t sampler_epoch) {
+  std::vector<std::span<const int64_t>> batches;
+  for (int64_t k = 0; k < sampler_.steps_per_epoch(); ++k)
+    for (const std::span<const int64_t> micro_batch : micro_batches_of(sampler_.batch_indices(k)))
+      batches.push_back(micro_batch);
+  train_loader_->start(sampler_epoch, std::move(batches));
 }
 
 // Dropout masks follow from (seed, rank, step, pass): a resumed run draws the same ones.
@@ -136,20 +155,33 @@ void Trainer::count_batch(const Tensor& output, const Tensor& loss, StepTotals& 
   totals.samples += n;
 }
 
-// The batch's samples gathered on the host, then on the run's device. Host buffers come from the
+// The loader's batch copied into tensors, then to the run's device. Host buffers come from the
 // storage cache, so steady-state steps do not allocate.
-void Trainer::load_batch(const data::Dataset& ds, std::span<const int64_t> indices) {
-  const int64_t n = static_cast<int64_t>(indices.size());
+void Trainer::load_batch(data::BatchLoader& loader, std::span<const int64_t> indices) {
+  const data::BatchView batch = loader.take();
+  const int64_t n = batch.samples, width = loader.dataset().target_width();
+  DPTRAIN_CHECK(n == static_cast<int64_t>(indices.size()), "the loader's batch has ", n,
+                " samples where the step expects ", indices.size());
   Shape shape{n};
-  shape.insert(shape.end(), ds.sample_shape.begin(), ds.sample_shape.end());
+  const Shape& sample = loader.dataset().sample_shape();
+  shape.insert(shape.end(), sample.begin(), sample.end());
   Tensor inputs = Tensor::empty(shape);
-  batch_.labels.resize(indices.size());
-  const bool regression = !ds.targets.empty();
-  Tensor targets =
-      regression ? Tensor::empty({n, static_cast<int64_t>(ds.targets.size()) / ds.size}) : Tensor();
-  data::gather_batch(ds, indices, inputs.data(), batch_.labels.data(), regression ? targets.data() : nullptr);
+  std::copy(batch.inputs.begin(), batch.inputs.end(), inputs.data());
+  batch_.labels.assign(batch.labels.begin(), batch.labels.end());
+  Tensor targets = width > 0 ? Tensor::empty({n, width}) : Tensor();
+  if (width > 0) std::copy(batch.targets.begin(), batch.targets.end(), targets.data());
   batch_.inputs = inputs.to(device_);
-  batch_.targets = regression ? targets.to(device_) : Tensor();
+  batch_.targets = width > 0 ? targets.to(device_) : Tensor();
+}
+
+// Each rank reports its own: which files are bad differs with the shard a rank reads.
+void Trainer::report_bad_samples(data::BatchLoader& loader, const std::string& where) const {
+  const data::BadSampleCount bad = loader.take_bad_samples();
+  if (bad.samples == 0) return;
+  std::fprintf(stderr,
+               "dptrain: rank %d: warning: %lld bad sample(s) replaced by the next good one in %s "
+               "(data.on_bad_sample \"skip\"); the first: %s\n",
+               world_.rank(), static_cast<long long>(bad.samples), where.c_str(), bad.first.c_str());
 }
 
 }  // namespace dptrain::trainer

@@ -11,6 +11,7 @@
 
 #include "core/parameters.h"
 #include "data/dataset.h"
+#include "data/loader.h"
 #include "data/sampler.h"
 #include "distributed/communicator.h"
 #include "distributed/exact_sum.h"
@@ -82,6 +83,7 @@ class Trainer {
   void write_stop_note(const std::string& why) const;
   void train_step(int64_t epoch, int64_t step, StepTotals& totals);
   const StepPlan& plan_step(int64_t step);
+  std::vector<std::span<const int64_t>> micro_batches_of(std::span<const int64_t> batch) const;
   Tensor loss_of(const Tensor& output) const;  // model.loss on the current batch
   static int64_t count_correct(const Tensor& logits, std::span<const int32_t> labels);
   // The loss and correct predictions of a forward pass, added to `totals`.
@@ -90,7 +92,11 @@ class Trainer {
   // Whether BatchNorm buffers are rank 0's on every rank (broadcast before each step and evaluation).
   bool buffers_follow_rank0() const;
   void broadcast_buffers_from_rank0();
-  void load_batch(const data::Dataset& ds, std::span<const int64_t> indices);
+  // The loader's next batch, which holds `indices`, as the tensors of batch_.
+  void load_batch(data::BatchLoader& loader, std::span<const int64_t> indices);
+  // Hands the loader this epoch's micro-batches in the order the steps take them; after set_epoch.
+  void start_loading(int64_t sampler_epoch);
+  void report_bad_samples(data::BatchLoader& loader, const std::string& where) const;
   std::vector<NamedTensor> model_state() const;  // parameters and buffers, as checkpoints hold them
 
   void resume(const std::string& which);
@@ -101,6 +107,7 @@ class Trainer {
   uint64_t dropout_stream(int64_t pass) const;
   uint64_t dropout_stream_of_micro_batch(int64_t micro_batch) const;
   void check_deterministic_resume(const Checkpoint& checkpoint) const;
+  void check_classes(const Checkpoint& checkpoint) const;
   Json deterministic_metadata() const;  // what a checkpoint records of distributed.deterministic
   int64_t global_batch() const;         // samples per optimizer step, all ranks (full steps)
   RunSummary summary() const;
@@ -112,7 +119,7 @@ class Trainer {
   std::unique_ptr<distributed::Communicator> device_comm_;  // the device's buffers; null on the CPU
   distributed::Communicator* state_comm_;                   // the one for parameters and gradients
   std::unique_ptr<layers::Sequential> model_;  // built first: synthetic data takes its classes from it
-  data::Dataset train_set_, test_set_;
+  std::unique_ptr<data::Dataset> train_set_, test_set_;
   const bool deterministic_;  // distributed.deterministic
   data::ShardedSampler sampler_;
   // Sampler batches per optimizer step: backward_passes_per_step, or 1 in deterministic mode, whose
@@ -131,6 +138,8 @@ class Trainer {
   Progress progress_;
   InjectedFault fault_;
   Checkpoints checkpoints_;
+  std::unique_ptr<data::BatchLoader> train_loader_, test_loader_;
+  std::vector<int64_t> test_indices_;  // 0, 1, ..., what evaluate's batches view
   Batch batch_;
   TrainingPosition position_;
   bool resumed_ = false;

@@ -1,5 +1,5 @@
 // Tests for the "cifar" dataset format on small CIFAR-10 and CIFAR-100 files written per test: labels,
-// pixel order and normalisation by hand, the sample limit, and errors that name the file.
+// pixel order and pixel scaling by hand, the sample limit, and errors that name the file.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "data/registry.h"
+#include "tests/data/read_samples.h"
 #include "tests/test_util.h"
 
 namespace dptrain::data {
@@ -28,9 +29,8 @@ void write(const std::filesystem::path& path, const std::vector<std::vector<unsi
     out.write(reinterpret_cast<const char*>(r.data()), static_cast<std::streamsize>(r.size()));
 }
 
-Dataset load(const std::filesystem::path& dir, bool train, int64_t max_samples = 0) {
-  return dataset_format("cifar").load(
-      {.train = train, .dir = dir.string(), .mean = 0.5f, .std = 0.25f, .max_samples = max_samples});
+std::unique_ptr<Dataset> load(const std::filesystem::path& dir, bool train, int64_t max_samples = 0) {
+  return dataset_format("cifar").open({.train = train, .dir = dir.string(), .max_samples = max_samples});
 }
 
 TEST(Cifar, Cifar10TrainJoinsTheFiveBatchesInOrder) {
@@ -38,18 +38,17 @@ TEST(Cifar, Cifar10TrainJoinsTheFiveBatchesInOrder) {
   for (int b = 1; b <= 5; ++b)
     write(dir / ("data_batch_" + std::to_string(b) + ".bin"), {record({static_cast<unsigned char>(b)}, b)});
   write(dir / "test_batch.bin", {record({7}, 100), record({9}, 200)});
-  const Dataset train = load(dir, true);
-  ASSERT_EQ(train.size, 5);
-  EXPECT_EQ(train.sample_shape, (Shape{3, 32, 32}));
-  EXPECT_EQ(train.num_classes, 10);
-  EXPECT_EQ(train.labels, (std::vector<int32_t>{1, 2, 3, 4, 5}));
+  const auto train = load(dir, true);
+  ASSERT_EQ(train->size(), 5);
+  EXPECT_EQ(train->sample_shape(), (Shape{3, 32, 32}));
+  EXPECT_EQ(train->num_classes(), 10);
+  const Samples samples = read_samples(*train);
+  EXPECT_EQ(samples.labels, (std::vector<int32_t>{1, 2, 3, 4, 5}));
   // Sample 2 (batch 3), channel 1 (green), row 0, column 5: pixel index 1024 + 5.
-  const float expected = (static_cast<float>((3 + 1024 + 5) % 256) / 255.0f - 0.5f) / 0.25f;
-  EXPECT_EQ(train.inputs[2 * kPixels + 1024 + 5], expected);
-  const Dataset test = load(dir, false, /*max_samples=*/1);
-  ASSERT_EQ(test.size, 1);
-  EXPECT_EQ(test.labels, (std::vector<int32_t>{7}));
-  EXPECT_EQ(test.inputs.size(), static_cast<std::size_t>(kPixels));
+  EXPECT_EQ(samples.inputs[2 * kPixels + 1024 + 5], static_cast<float>((3 + 1024 + 5) % 256) / 255.0f);
+  const auto test = load(dir, false, /*max_samples=*/1);
+  ASSERT_EQ(test->size(), 1);
+  EXPECT_EQ(read_samples(*test).labels, (std::vector<int32_t>{7}));
   std::filesystem::remove_all(dir);
 }
 
@@ -57,10 +56,11 @@ TEST(Cifar, Cifar100TakesTheFineLabel) {
   const std::filesystem::path dir = test_util::make_temp_dir("cifar100");
   write(dir / "train.bin", {record({3, 99}, 0), record({19, 42}, 1)});
   write(dir / "test.bin", {record({0, 0}, 0)});
-  const Dataset train = load(dir, true);
-  EXPECT_EQ(train.num_classes, 100);
-  EXPECT_EQ(train.labels, (std::vector<int32_t>{99, 42}));
-  EXPECT_EQ(train.inputs[kPixels], (1.0f / 255.0f - 0.5f) / 0.25f);  // sample 1's first pixel is 1
+  const auto train = load(dir, true);
+  EXPECT_EQ(train->num_classes(), 100);
+  const Samples samples = read_samples(*train);
+  EXPECT_EQ(samples.labels, (std::vector<int32_t>{99, 42}));
+  EXPECT_EQ(samples.inputs[kPixels], 1.0f / 255.0f);  // sample 1's first pixel is 1
   std::filesystem::remove_all(dir);
 }
 

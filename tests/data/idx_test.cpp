@@ -13,6 +13,8 @@
 
 #include "core/error.h"
 #include "data/dataset.h"
+#include "data/registry.h"
+#include "tests/data/read_samples.h"
 #include "tests/test_util.h"
 
 #ifndef DPTRAIN_SOURCE_DIR  // set by tests/data/CMakeLists.txt
@@ -21,11 +23,18 @@
 
 namespace fs = std::filesystem;
 using dptrain::data::IdxArray;
-using dptrain::data::load_image_dataset;
+using dptrain::data::read_samples;
+
+std::unique_ptr<dptrain::data::Dataset> load_image_dataset(const std::string& dir, bool train,
+                                                           int64_t max_samples = 0) {
+  return dptrain::data::dataset_format("idx").open({.train = train, .dir = dir, .max_samples = max_samples});
+}
 using dptrain::data::read_idx;
 using dptrain::data::resolve_idx_path;
 
 namespace {
+
+using dptrain::test_util::error_of;
 
 // Header for an unsigned-byte IDX array with these dims (big-endian, as the format says).
 std::vector<uint8_t> idx_header(const std::vector<uint32_t>& dims, uint8_t type = 0x08) {
@@ -58,21 +67,6 @@ void write_gz(const fs::path& path, const std::vector<uint8_t>& bytes) {
   ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
   ASSERT_EQ(gzclose(f), Z_OK);
 }
-
-// The message of the dptrain::Error that fn throws, or a note that it threw none.
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const dptrain::Error& e) {
-    return e.what();
-  }
-  return "<no dptrain::Error thrown>";
-}
-
-#define EXPECT_CONTAINS(text, part) \
-  EXPECT_NE(std::string(text).find(part), std::string::npos) << "in: " << (text) << "\nmissing: " << (part)
-#define EXPECT_STARTS_WITH(text, part) \
-  EXPECT_EQ(std::string(text).rfind(part, 0), 0u) << "in: " << (text) << "\nexpected prefix: " << (part)
 
 class IdxTest : public ::testing::Test {
  protected:
@@ -180,6 +174,27 @@ TEST_F(IdxTest, MissingFile) {
   EXPECT_STARTS_WITH(error_of([&] { read_idx(dir_.string()); }), dir_.string() + ": is a directory");
 }
 
+// A mapped file is checked by parse_idx, a gzipped one by read_idx: the same bytes get the same verdict
+// and the same message (up to the source location) either way.
+TEST_F(IdxTest, ParseIdxAgreesWithReadIdx) {
+  const std::vector<std::vector<uint8_t>> files = {
+      idx_file({2, 3}, iota_bytes(6)), idx_file({2, 3}, iota_bytes(5)),
+      idx_file({2, 3}, iota_bytes(7)), {0, 0, 8, 3, 0, 0},
+      {0, 0, 9, 1, 0, 0, 0, 1, 7},     {0, 0, 8, 0},
+      {0, 0, 8, 1, 0, 0, 0, 0},        {0, 0}};
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    const std::string file = path("case" + std::to_string(i));
+    write_raw(file, files[i]);
+    const auto without_location = [](std::string message) { return message.substr(0, message.rfind(" (")); };
+    const std::string read_error = error_of([&] { dptrain::data::read_idx(file); });
+    const std::string parse_error = error_of([&] { dptrain::data::parse_idx(files[i], file); });
+    EXPECT_EQ(without_location(read_error), without_location(parse_error)) << "case " << i;
+  }
+  const auto view = dptrain::data::parse_idx(files[0], "ok");
+  EXPECT_EQ(view.dims, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(std::vector<uint8_t>(view.bytes.begin(), view.bytes.end()), iota_bytes(6));
+}
+
 TEST_F(IdxTest, ResolvePrefersPlainThenGz) {
   write_gz(path("s.gz"), idx_file({1}, {1}));
   EXPECT_EQ(resolve_idx_path(dir_.string(), "s"), path("s.gz"));
@@ -208,50 +223,51 @@ void write_mnist_like(const std::string& dir, const std::string& prefix, uint32_
 TEST_F(IdxTest, LoadsImageDataset) {
   write_mnist_like(dir_.string(), "train", 12, /*gz=*/false);
   write_mnist_like(dir_.string(), "t10k", 4, /*gz=*/true);
-  const auto train = load_image_dataset(dir_.string(), true, 0.5f, 0.25f);
-  EXPECT_EQ(train.size, 12);
-  EXPECT_EQ(train.sample_shape, (dptrain::Shape{1, 2, 3}));
-  EXPECT_EQ(train.num_classes, 10);
-  EXPECT_TRUE(train.targets.empty());
-  ASSERT_EQ(train.inputs.size(), 72u);
-  ASSERT_EQ(train.labels.size(), 12u);
-  EXPECT_EQ(train.labels[11], 1);
-  for (std::size_t i = 0; i < 72; ++i)
-    EXPECT_EQ(train.inputs[i], (static_cast<float>(i) / 255.0f - 0.5f) / 0.25f) << i;
+  const auto train = load_image_dataset(dir_.string(), true);
+  EXPECT_EQ(train->size(), 12);
+  EXPECT_EQ(train->sample_shape(), (dptrain::Shape{1, 2, 3}));
+  EXPECT_EQ(train->num_classes(), 10);
+  EXPECT_EQ(train->target_width(), 0);
+  const auto samples = read_samples(*train);
+  ASSERT_EQ(samples.inputs.size(), 72u);
+  ASSERT_EQ(samples.labels.size(), 12u);
+  EXPECT_EQ(samples.labels[11], 1);
+  for (std::size_t i = 0; i < 72; ++i) EXPECT_EQ(samples.inputs[i], static_cast<float>(i) / 255.0f) << i;
 
-  const auto test = load_image_dataset(dir_.string(), false, 0.0f, 1.0f);
-  EXPECT_EQ(test.size, 4);
-  EXPECT_EQ(test.inputs[23], 23.0f / 255.0f);
+  const auto test = load_image_dataset(dir_.string(), false);  // gzipped: inflated at open
+  EXPECT_EQ(test->size(), 4);
+  EXPECT_EQ(read_samples(*test).inputs[23], 23.0f / 255.0f);
 }
 
 TEST_F(IdxTest, LoadsTheFirstSamplesOnlyWhenAskedAsKeepFirstWould) {
   write_mnist_like(dir_.string(), "train", 12, /*gz=*/false);
-  auto all = load_image_dataset(dir_.string(), true, 0.5f, 0.25f);
-  dptrain::data::keep_first(all, 5);
-  const auto first = load_image_dataset(dir_.string(), true, 0.5f, 0.25f, 5);
-  EXPECT_EQ(first.size, 5);
-  ASSERT_EQ(first.inputs.size(), 30u);  // 5 samples of 2 x 3 pixels
-  EXPECT_EQ(first.inputs, all.inputs);
-  EXPECT_EQ(first.labels, all.labels);
-  EXPECT_EQ(load_image_dataset(dir_.string(), true, 0.5f, 0.25f, 99).size, 12);  // more than there are: all
+  auto all = load_image_dataset(dir_.string(), true);
+  all->keep_first(5);
+  const auto first = load_image_dataset(dir_.string(), true, 5);
+  EXPECT_EQ(first->size(), 5);
+  const auto kept = read_samples(*first);
+  ASSERT_EQ(kept.inputs.size(), 30u);  // 5 samples of 2 x 3 pixels
+  EXPECT_EQ(kept.inputs, read_samples(*all).inputs);
+  EXPECT_EQ(kept.labels, read_samples(*all).labels);
+  EXPECT_EQ(load_image_dataset(dir_.string(), true, 99)->size(), 12);  // more than there are: all
 }
 
 TEST_F(IdxTest, ImageDatasetErrorsNameFiles) {
   const std::string images = path("train-images-idx3-ubyte"), labels = path("train-labels-idx1-ubyte");
   write_raw(images, idx_file({3, 2, 2}, iota_bytes(12)));
   write_raw(labels, idx_file({2}, {1, 2}));
-  std::string msg = error_of([&] { load_image_dataset(dir_.string(), true, 0, 1); });
+  std::string msg = error_of([&] { load_image_dataset(dir_.string(), true); });
   EXPECT_STARTS_WITH(msg, images + " has 3 images but " + labels + " has 2 labels");
 
   write_raw(labels, idx_file({3}, {1, 10, 2}));
-  msg = error_of([&] { load_image_dataset(dir_.string(), true, 0, 1); });
+  msg = error_of([&] { load_image_dataset(dir_.string(), true); });
   EXPECT_STARTS_WITH(msg, labels + ": label 10 at index 1 is outside [0, 10)");
 
   write_raw(images, idx_file({3, 4}, iota_bytes(12)));
-  msg = error_of([&] { load_image_dataset(dir_.string(), true, 0, 1); });
+  msg = error_of([&] { load_image_dataset(dir_.string(), true); });
   EXPECT_STARTS_WITH(msg, images + ": expected 3 dims");
 
-  msg = error_of([&] { load_image_dataset(dir_.string(), false, 0, 1); });
+  msg = error_of([&] { load_image_dataset(dir_.string(), false); });
   EXPECT_STARTS_WITH(msg, path("t10k-images-idx3-ubyte") + ": not found");
 }
 
@@ -261,12 +277,13 @@ TEST(RealMnist, LoadsWhenPresent) {
   const std::string dir = env && *env ? env : std::string(DPTRAIN_SOURCE_DIR) + "/data/mnist";
   if (!fs::exists(dir + "/t10k-labels-idx1-ubyte") && !fs::exists(dir + "/t10k-labels-idx1-ubyte.gz"))
     GTEST_SKIP() << "no MNIST in " << dir << " (run scripts/setup.sh)";
-  const auto test = load_image_dataset(dir, false, 0.1307f, 0.3081f);
-  EXPECT_EQ(test.size, 10000);
-  EXPECT_EQ(test.sample_shape, (dptrain::Shape{1, 28, 28}));
-  EXPECT_EQ(test.labels[0], 7);  // the well-known first test digit
+  const auto test = load_image_dataset(dir, false);
+  EXPECT_EQ(test->size(), 10000);
+  EXPECT_EQ(test->sample_shape(), (dptrain::Shape{1, 28, 28}));
+  const auto samples = read_samples(*test);
+  EXPECT_EQ(samples.labels[0], 7);  // the well-known first test digit
   std::vector<int> counts(10);
-  for (int32_t l : test.labels) ++counts[l];
+  for (int32_t l : samples.labels) ++counts[l];
   EXPECT_EQ(counts[0], 980);
   EXPECT_EQ(counts[1], 1135);
 }
@@ -275,19 +292,16 @@ TEST(RealMnist, LoadsWhenPresent) {
 
 // data.max_train_samples / max_test_samples: the first n samples, inputs, labels and targets alike.
 TEST(KeepFirst, KeepsTheLeadingSamplesOnly) {
-  dptrain::data::Dataset ds;
-  ds.sample_shape = {2};
-  ds.size = 4;
-  ds.inputs = {0, 1, 10, 11, 20, 21, 30, 31};
-  ds.labels = {5, 6, 7, 8};
-  ds.targets = {0.5f, 1.5f, 2.5f, 3.5f};
-  dptrain::data::keep_first(ds, 0);  // 0: all
-  EXPECT_EQ(ds.size, 4);
-  dptrain::data::keep_first(ds, 9);  // more than there are: all
-  EXPECT_EQ(ds.size, 4);
-  dptrain::data::keep_first(ds, 3);
-  EXPECT_EQ(ds.size, 3);
-  EXPECT_EQ(ds.inputs, (std::vector<float>{0, 1, 10, 11, 20, 21}));
-  EXPECT_EQ(ds.labels, (std::vector<int32_t>{5, 6, 7}));
-  EXPECT_EQ(ds.targets, (std::vector<float>{0.5f, 1.5f, 2.5f}));
+  dptrain::data::InMemoryDataset ds({2}, {0, 1, 10, 11, 20, 21, 30, 31}, {5, 6, 7, 8}, 10,
+                                    {0.5f, 1.5f, 2.5f, 3.5f});
+  ds.keep_first(0);  // 0: all
+  EXPECT_EQ(ds.size(), 4);
+  ds.keep_first(9);  // more than there are: all
+  EXPECT_EQ(ds.size(), 4);
+  ds.keep_first(3);
+  EXPECT_EQ(ds.size(), 3);
+  const auto samples = read_samples(ds);
+  EXPECT_EQ(samples.inputs, (std::vector<float>{0, 1, 10, 11, 20, 21}));
+  EXPECT_EQ(samples.labels, (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_EQ(samples.targets, (std::vector<float>{0.5f, 1.5f, 2.5f}));
 }

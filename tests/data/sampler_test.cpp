@@ -1,4 +1,4 @@
-// Tests for ShardedSampler (equal steps, disjoint shards, coverage, determinism) and gather_batch.
+// Tests for ShardedSampler: equal steps, disjoint shards, coverage, determinism.
 #include "data/sampler.h"
 
 #include <gtest/gtest.h>
@@ -10,7 +10,6 @@
 
 #include "core/error.h"
 
-using dptrain::data::Dataset;
 using dptrain::data::ShardedSampler;
 
 namespace {
@@ -276,31 +275,6 @@ TEST(ShardedSampler, MicroBatchesAreTheSameForEveryWorldSize) {
   EXPECT_EQ(tail.micro_batches(7), 7);
   EXPECT_TRUE(tail.batch_indices(7).empty());
   EXPECT_THROW(ShardedSampler(1000, 24, 0, 2, 5, true, false, 16), dptrain::Error);  // 16 does not divide 24
-}
-
-TEST(GatherBatch, CopiesSelectedSamples) {
-  Dataset ds;
-  ds.sample_shape = {1, 1, 2};
-  ds.size = 4;
-  ds.inputs = {0, 1, 10, 11, 20, 21, 30, 31};
-  ds.labels = {5, 6, 7, 8};
-  ds.targets = {0.5f, 1.5f, 2.5f, 3.5f};
-  const std::vector<int64_t> idx = {3, 1};
-  std::vector<float> inputs(4), targets(2);
-  std::vector<int32_t> labels(2);
-  dptrain::data::gather_batch(ds, idx, inputs.data(), labels.data(), targets.data());
-  EXPECT_EQ(inputs, (std::vector<float>{30, 31, 10, 11}));
-  EXPECT_EQ(labels, (std::vector<int32_t>{8, 6}));
-  EXPECT_EQ(targets, (std::vector<float>{3.5f, 1.5f}));
-
-  dptrain::data::gather_batch(ds, std::vector<int64_t>{0}, inputs.data(), labels.data(), nullptr);
-  EXPECT_EQ(inputs[0], 0);
-  EXPECT_THROW(
-      dptrain::data::gather_batch(ds, std::vector<int64_t>{4}, inputs.data(), labels.data(), nullptr),
-      dptrain::Error);
-  ds.targets.clear();
-  EXPECT_THROW(dptrain::data::gather_batch(ds, idx, inputs.data(), labels.data(), targets.data()),
-               dptrain::Error);
 }
 
 }  // namespace
