@@ -84,7 +84,8 @@ case "$CASE" in
          --set checkpoint.every_steps=20 --set checkpoint.every_epochs=0)
     train 2 straight "${AUG[@]}"
     grep -m1 '^loader:' straight.out
-    DPTRAIN_INJECT_FAULT=1:$(pick 90 50):kill RUN_DIR=resumed launch 2 killed "${AUG[@]}"
+    # 64 steps per epoch (16 in the sanitizer build): killed in epoch 2, resumed from step 80 (20).
+    DPTRAIN_INJECT_FAULT=1:$(pick 90 25):kill RUN_DIR=resumed launch 2 killed "${AUG[@]}"
     [ "$RC" -ne 0 ] || fail "the run meant to be killed exited 0"
     RUN_DIR=resumed train 2 resumed "${AUG[@]}" --resume auto
     grep -m1 '^dptrain: resuming' resumed.out
@@ -107,13 +108,16 @@ case "$CASE" in
     SAMPLES=256 export_mnist npy npy
     IMG=(mnist_mlp.json --set 'data.dataset="image_folder"' --set "data.dir=\"$SCRATCH/png\""
          --set data.batch_size=32 --set training.epochs=1 --set data.max_test_samples=200)
-    victim=$(ls png/train/3 | head -1)
-    head -c 100 "png/train/3/$victim" >truncated && mv truncated "png/train/3/$victim"
+    victim=png/train/3/$(ls png/train/3 | head -1)
+    cp "$victim" good.png
+    head -c 100 good.png >"$victim"
     launch 2 truncated "${IMG[@]}"
-    expect_error truncated "png/train/3/$victim"
+    expect_error truncated "$victim"
+    cp good.png "$victim"
     echo "not an image" >png/train/5/garbage.png
-    launch 2 garbage "${IMG[@]}" --set data.max_train_samples=0
+    launch 2 garbage "${IMG[@]}"
     expect_error garbage "png/train/5/garbage.png" "not a PNG or JPEG"
+    head -c 100 good.png >"$victim"
     launch 2 skipped "${IMG[@]}" --set 'data.on_bad_sample="skip"'
     [ "$RC" -eq 0 ] || { tail -5 skipped.err; fail "on_bad_sample skip did not train on"; }
     grep -h 'bad sample' skipped.err | head -2
@@ -123,8 +127,8 @@ case "$CASE" in
     launch 1 empty_class "${IMG[@]}"
     expect_error empty_class "png/train/9" "empty"
     rmdir png/train/9 && mv png/saved_9 png/train/9
-    rm "png/train/5/garbage.png"
-    cp "png/train/2/$(ls png/train/2 | head -1)" "png/train/3/$victim"
+    rm png/train/5/garbage.png
+    cp good.png "$victim"
     RUN_DIR=classes train 1 classes "${IMG[@]}" --set data.max_train_samples=64
     mv png/train/9 png/train/nine && mv png/test/9 png/test/nine
     RUN_DIR=classes launch 1 classes_changed "${IMG[@]}" --set data.max_train_samples=64 --set training.epochs=2 --resume auto
