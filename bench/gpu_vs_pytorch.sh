@@ -19,8 +19,10 @@ while (($#)); do
     *) echo "gpu_vs_pytorch.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
 done
-train_bench=$(ls "$bin/bench/train_bench" "$bin/train_bench" 2>/dev/null | head -1)
-trainer=$(ls "$bin/trainer" 2>/dev/null | head -1)
+# A build has bench/train_bench, the GPU bundle bin/train_bench.
+train_bench="$bin/bench/train_bench"
+[[ -x "$train_bench" ]] || train_bench="$bin/train_bench"
+trainer="$bin/trainer"
 [[ -x "$train_bench" && -x "$trainer" ]] || { echo "gpu_vs_pytorch.sh: no train_bench / trainer under $bin" >&2; exit 1; }
 value() { sed -n 's/^RESULT //p' | python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
 

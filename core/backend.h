@@ -194,12 +194,28 @@ class Backend {
   virtual void from_half(const uint16_t* x, float* y, int64_t n, HalfFormat format) = 0;
   // Whether every element is neither Inf nor NaN.
   virtual bool all_finite(const float* x, int64_t n) = 0;
+  // Sets *flag (an int32 in this backend's memory) to `value` if it is still 0 and an element is Inf
+  // or NaN, without the host waiting: an update given the flag (SgdStep::skip_if_set) is then
+  // skipped, and the host reads the flag when it synchronizes anyway. The default reads on the host.
+  virtual void mark_non_finite(const float* x, int64_t n, int32_t* flag, int32_t value);
+
+  // ---- metrics ----
+  // out[0] (this backend's memory) = how many rows of logits [labels.size(), classes] have their
+  // first largest entry at labels[row], as a float (exact below 2^24 rows), without the host
+  // waiting. A NaN never counts as largest unless it comes first (std::max_element's order). The
+  // default computes on the host.
+  virtual void count_correct(const float* logits, std::span<const int32_t> labels, int64_t classes,
+                             float* out);
 
   // ---- optimizers: one fused update over flat buffers (core/update_rules.h) ----
   virtual void sgd_step(float* params, const float* grads, float* momentum_buffer, int64_t n,
                         const SgdStep& s) = 0;
   virtual void adam_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, int64_t n,
                          const AdamStep& s) = 0;
+
+  // Frees what the backend keeps between calls (a GPU's scratch, staging and library handles). At the
+  // end of a program, while it still runs main(): no op may follow, only buffers' releases.
+  virtual void release_cached() {}
 };
 
 // The backend of `device`. "cpu" and "reference" are always there; others exist once registered.
@@ -208,5 +224,8 @@ Backend& backend_for(Device device);
 bool has_backend(Device device);
 // Makes `backend` the one for backend->device() (e.g. the CUDA backend, once per GPU it drives).
 void register_backend(std::shared_ptr<Backend> backend);
+// release_cached() on every registered backend: what a program calls before main() returns, so that
+// compute-sanitizer's leak check (which does not see frees made in exit handlers) sees only leaks.
+void release_backend_caches();
 
 }  // namespace dptrain

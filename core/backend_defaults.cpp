@@ -1,5 +1,9 @@
-// The backend table's default fused kernels: the separate kernels in sequence, with scratch buffers
-// from the storage cache. A file of its own because it uses Storage, which sits above core/backend.h.
+// The backend table's defaults: the fused kernels as the separate kernels in sequence, with scratch
+// buffers from the storage cache (a file of its own because Storage sits above core/backend.h), and
+// the flag and metric ops computed on the host.
+#include <algorithm>
+#include <vector>
+
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/storage.h"
@@ -28,6 +32,25 @@ void Backend::conv2d_relu_maxpool_backward(const float* gy, const int32_t* argma
   fill(mask.as<float>(), conv_elements, 0.0f);
   maxpool2d_backward(y, argmax, mask.as<float>(), g.pool);
   conv2d_backward(gconv.as<float>(), x, w, mask.as<float>(), gx, gw, gbias, g.conv);
+}
+
+void Backend::mark_non_finite(const float* x, int64_t n, int32_t* flag, int32_t value) {
+  int32_t current = 0;
+  copy_to_host(&current, flag, sizeof current);
+  if (current == 0 && !all_finite(x, n)) copy_from_host(flag, &value, sizeof value);
+}
+
+void Backend::count_correct(const float* logits, std::span<const int32_t> labels, int64_t classes,
+                            float* out) {
+  std::vector<float> values(labels.size() * static_cast<std::size_t>(classes));
+  copy_to_host(values.data(), logits, values.size() * sizeof(float));
+  int64_t correct = 0;
+  for (std::size_t b = 0; b < labels.size(); ++b) {
+    const float* row = values.data() + b * static_cast<std::size_t>(classes);
+    correct += (std::max_element(row, row + classes) - row) == labels[b];
+  }
+  const auto count = static_cast<float>(correct);
+  copy_from_host(out, &count, sizeof count);
 }
 
 }  // namespace dptrain

@@ -51,6 +51,12 @@ bool has_backend(Device device) {
   return find(device) != nullptr;
 }
 
+void release_backend_caches() {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  for (const std::shared_ptr<Backend>& b : r.backends) b->release_cached();
+}
+
 void register_backend(std::shared_ptr<Backend> backend) {
   DPTRAIN_CHECK(backend != nullptr, "register_backend: null backend");
   const Device device = backend->device();

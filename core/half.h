@@ -79,7 +79,9 @@ inline float half_to_float(uint16_t h) {
 DPTRAIN_HOST_DEVICE inline uint16_t float_to_bfloat16(float value) {
   uint32_t x;
   std::memcpy(&x, &value, 4);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // keep NaN a NaN
+  // Every NaN becomes the one quiet NaN, as PyTorch's c10::BFloat16 makes it: a payload would not
+  // survive anyway, since a GPU's arithmetic (x * scale) already replaces it with its own NaN.
+  if ((x & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;
   x += 0x7fffu + ((x >> 16) & 1);
   return static_cast<uint16_t>(x >> 16);
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 #include "core/host_device.h"
 
@@ -13,14 +14,18 @@ struct SgdStep {
   float lr = 0, momentum = 0, dampening = 0, weight_decay = 0;
   bool nesterov = false;
   bool first_step = false;  // PyTorch starts the momentum buffer as a copy of the first gradient
+  // In the backend's memory; when set and *skip_if_set != 0 the update does nothing (a gradient
+  // check flagged the step on the device, and the host has not looked yet: Backend::mark_non_finite).
+  const int32_t* skip_if_set = nullptr;
 };
 
 struct AdamStep {
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
-  float step_size = 0;              // lr / (1 - beta1^t)
-  float bias_correction2_sqrt = 1;  // sqrt(1 - beta2^t)
-  float decay = 1;                  // AdamW: 1 - lr * weight_decay; Adam: 1
-  float l2 = 0;                     // Adam: weight_decay; AdamW: 0
+  float step_size = 0;                   // lr / (1 - beta1^t)
+  float bias_correction2_sqrt = 1;       // sqrt(1 - beta2^t)
+  float decay = 1;                       // AdamW: 1 - lr * weight_decay; Adam: 1
+  float l2 = 0;                          // Adam: weight_decay; AdamW: 0
+  const int32_t* skip_if_set = nullptr;  // as SgdStep's
 };
 
 // `momentum_buffer` is untouched when s.momentum is 0 (there is none then).

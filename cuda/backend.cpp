@@ -2,10 +2,13 @@
 #include "cuda/backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <limits>
+#include <thread>
 
 #include "cuda/kernels.h"
+#include "cuda/ranked.h"
 
 namespace dptrain::cuda {
 namespace {
@@ -44,23 +47,43 @@ CudaBackend::CudaBackend(int device_index, CudaOptions options) : index_(device_
 }
 
 CudaBackend::~CudaBackend() {
-  // At exit: nothing useful to do with an error any more, so none is checked.
-  cudaStreamSynchronize(compute_);
-  conv_plans_.clear();
-  linear_plans_.clear();
-  for (Scratch* s : {&workspace_, &labels_, &relu_mask_, &row_loss_, &partials_, &flag_})
-    if (s->data) cudaFreeAsync(s->data, compute_);
-  for (Pinned* p : {&upload_[0], &upload_[1], &download_}) {
-    if (p->done) cudaEventSynchronize(p->done), cudaEventDestroy(p->done);
-    if (p->data) cudaFreeHost(p->data);
-  }
-  cudnnDestroy(cudnn_);
-  cublasLtDestroy(cublas_lt_);
-  cublasDestroy(cublas_);
-  cudaStreamSynchronize(compute_);
+  release_cached();
+  for (Pinned* p : {&upload_[0], &upload_[1], &download_})
+    if (p->done) cudaEventDestroy(p->done);
   cudaEventDestroy(compute_ready_);
   cudaStreamDestroy(copy_);
   cudaStreamDestroy(compute_);
+}
+
+void CudaBackend::release_cached() {
+  // At exit: nothing useful to do with an error any more, so none is checked. A collective that
+  // never finished (a peer died) may hold the streams: then nothing is freed, the exit does it.
+  cudaSetDevice(index_);
+  for (int waited_ms = 0; cudaStreamQuery(compute_) == cudaErrorNotReady; ++waited_ms) {
+    if (waited_ms == 2000) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  conv_plans_.clear();
+  linear_plans_.clear();
+  // Synchronous frees: the stream-ordered pool would keep the blocks, which compute-sanitizer's leak
+  // check then reports.
+  for (Scratch* s : {&workspace_, &labels_, &relu_mask_, &row_loss_, &partials_, &flag_, &reduction_}) {
+    if (s->data) cudaFree(s->data);
+    *s = {};
+  }
+  for (Pinned* p : {&upload_[0], &upload_[1], &download_}) {
+    if (p->done) cudaEventSynchronize(p->done);
+    if (p->data) cudaFreeHost(p->data);
+    p->data = nullptr;
+    p->bytes = 0;
+  }
+  if (cudnn_) cudnnDestroy(cudnn_);
+  if (cublas_lt_) cublasLtDestroy(cublas_lt_);
+  if (cublas_) cublasDestroy(cublas_);
+  cudnn_ = nullptr;
+  cublas_lt_ = nullptr;
+  cublas_ = nullptr;
+  cudaStreamSynchronize(compute_);
 }
 
 // Every entry point runs with this backend's GPU current on the calling thread: a process may drive
@@ -87,24 +110,39 @@ void CudaBackend::release(void* pointer, std::size_t) {
 }
 
 void* CudaBackend::scratch(Scratch& s, std::size_t bytes) {
-  if (bytes > s.bytes) {
-    if (s.data) DPTRAIN_CUDA_CHECK(cudaFreeAsync(s.data, compute_));
-    s.data = nullptr;
-    s.bytes = 0;  // consistent if the allocation below throws
-    DPTRAIN_CUDA_CHECK(cudaMallocAsync(&s.data, bytes, compute_));
-    s.bytes = bytes;
+  void* p = try_scratch(s, bytes);
+  if (p == nullptr && bytes > 0) DPTRAIN_CUDA_CHECK(cudaErrorMemoryAllocation);
+  return p;
+}
+
+void* CudaBackend::try_scratch(Scratch& s, std::size_t bytes) {
+  if (bytes <= s.bytes) return s.data;
+  if (s.data) DPTRAIN_CUDA_CHECK(cudaFreeAsync(s.data, compute_));
+  s = {};
+  void* p = nullptr;
+  if (cudaMallocAsync(&p, bytes, compute_) != cudaSuccess) {
+    cudaGetLastError();  // out of memory is not sticky: the caller may try a smaller request
+    return nullptr;
   }
-  return s.data;
+  s = {p, bytes};
+  return p;
+}
+
+double* CudaBackend::reduction_buffer(int64_t doubles) {
+  return static_cast<double*>(
+      scratch(reduction_, sizeof(double) * static_cast<std::size_t>(std::max<int64_t>(doubles, 1))));
 }
 
 void* CudaBackend::pinned(Pinned& p, std::size_t bytes) {
   if (bytes > p.bytes) {
+    // Grow geometrically: batch sizes vary (an epoch's last step, evaluation), and each pinned
+    // allocation synchronizes the device.
+    const std::size_t size = std::max(bytes, 2 * p.bytes);
     DPTRAIN_CUDA_CHECK(cudaEventSynchronize(p.done));  // nothing may still read the old buffer
     if (p.data) DPTRAIN_CUDA_CHECK(cudaFreeHost(p.data));
     p.data = nullptr;
     p.bytes = 0;  // consistent if the allocation below throws
-    // Grow geometrically: batch sizes vary (an epoch's last step, evaluation) and should not churn.
-    const std::size_t size = std::max(bytes, 2 * p.bytes);
+    ++pinned_allocations_;
     DPTRAIN_CUDA_CHECK(cudaMallocHost(&p.data, size));
     p.bytes = size;
   }
@@ -268,7 +306,7 @@ void CudaBackend::linear_backward(const float* gy, const float* x, const float* 
                                   float* gbias, LinearShape s) {
   make_current();
   if (s.batch == 0 || s.out == 0) return;  // no gradient flows
-  if (gbias) bias_gradient(gy, gbias, {s.batch, s.out, 1}, compute_);
+  if (gbias) bias_gradient(gy, gbias, {s.batch, s.out, 1}, nullptr, compute_);
   if (s.in == 0) return;
   const float one = 1;
   const int batch = static_cast<int>(s.batch), in = static_cast<int>(s.in), out = static_cast<int>(s.out);
@@ -290,21 +328,27 @@ void CudaBackend::add_bias(const float* x, const float* bias, float* y, BiasShap
 void CudaBackend::add_bias_backward(const float* gy, float* gx, float* gbias, BiasShape s) {
   make_current();
   if (gx) cuda::add(gy, gx, s.outer * s.channels * s.inner, compute_);
-  if (gbias) bias_gradient(gy, gbias, s, compute_);
+  if (gbias) bias_gradient(gy, gbias, s, reduction_buffer(bias_gradient_partials(s)), compute_);
 }
 
 // ---- convolution (cuDNN), one plan per shape ----
+
+// One of cuDNN's algorithms for one direction of a convolution, with the math type and workspace it
+// was offered with.
+struct ConvAlgorithm {
+  int algo = 0;
+  cudnnMathType_t math{};
+  std::size_t workspace = 0;
+};
 
 struct CudaBackend::ConvPlan {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
-  cudnnConvolutionFwdAlgo_t forward{};
-  cudnnConvolutionBwdDataAlgo_t backward_data{};
-  cudnnConvolutionBwdFilterAlgo_t backward_filter{};
-  // Each algorithm runs with the math type cuDNN chose it for (they differ when TF32 is allowed).
-  cudnnMathType_t forward_math{}, data_math{}, filter_math{};
-  std::size_t forward_workspace = 0, data_workspace = 0, filter_workspace = 0;
+  // Each direction's candidates in rank order, and the first that has worked: one that fails at run
+  // time (not supported after all, no memory for its workspace) is passed over for the next.
+  std::vector<ConvAlgorithm> forward, backward_data, backward_filter;
+  std::size_t forward_at = 0, data_at = 0, filter_at = 0;
   ~ConvPlan() {
     if (x) cudnnDestroyTensorDescriptor(x);
     if (y) cudnnDestroyTensorDescriptor(y);
@@ -315,19 +359,21 @@ struct CudaBackend::ConvPlan {
 
 namespace {
 
-// The fastest algorithm cuDNN's heuristics rank first among those that run in the workspace cap,
-// and, when asked, give the same bits every run.
+// cuDNN's candidates in its order (the heuristics' ranking, or the timings' with cudnnFind), less
+// those that need more than the workspace cap or, when asked, are not deterministic.
 template <typename Perf>
-const Perf& pick(const Perf* results, int count, bool deterministic, const char* what) {
+std::vector<ConvAlgorithm> usable(const Perf* results, int count, bool deterministic, const char* what) {
+  std::vector<ConvAlgorithm> out;
   for (int i = 0; i < count; ++i) {
     const Perf& p = results[i];
     if (p.status != CUDNN_STATUS_SUCCESS || p.memory > kMaxWorkspace) continue;
     if (deterministic && p.determinism != CUDNN_DETERMINISTIC) continue;
-    return p;
+    out.push_back({static_cast<int>(p.algo), p.mathType, p.memory});
   }
-  DPTRAIN_FAIL("cuDNN offers no ", deterministic ? "deterministic " : "", what,
-               " algorithm for this convolution within ", kMaxWorkspace >> 20, " MiB of workspace",
-               deterministic ? "; set cuda.deterministic to false" : "");
+  DPTRAIN_CHECK(!out.empty(), "cuDNN offers no ", deterministic ? "deterministic " : "", what,
+                " algorithm for this convolution within ", kMaxWorkspace >> 20, " MiB of workspace",
+                deterministic ? "; set cuda.deterministic to false" : "");
+  return out;
 }
 
 }  // namespace
@@ -360,29 +406,59 @@ CudaBackend::ConvPlan& CudaBackend::conv_plan(const Conv2dGeometry& g) {
       cudnnSetConvolutionMathType(plan->conv, options_.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
 
   constexpr int kCandidates = 16;
+  const bool deterministic = options_.deterministic;
   int count = 0;
   cudnnConvolutionFwdAlgoPerf_t forward[kCandidates];
-  DPTRAIN_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(cudnn_, plan->x, plan->w, plan->conv, plan->y,
-                                                             kCandidates, &count, forward));
-  const auto& f = pick(forward, count, options_.deterministic, "forward");
-  plan->forward = f.algo;
-  plan->forward_math = f.mathType;
-  plan->forward_workspace = f.memory;
   cudnnConvolutionBwdDataAlgoPerf_t data[kCandidates];
-  DPTRAIN_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn_, plan->w, plan->y, plan->conv,
-                                                                  plan->x, kCandidates, &count, data));
-  const auto& d = pick(data, count, options_.deterministic, "backward-data");
-  plan->backward_data = d.algo;
-  plan->data_math = d.mathType;
-  plan->data_workspace = d.memory;
   cudnnConvolutionBwdFilterAlgoPerf_t filter[kCandidates];
-  DPTRAIN_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnn_, plan->x, plan->y, plan->conv,
+  // cudnnFind times each algorithm on buffers of its own (cuda.cudnn_benchmark); the heuristics only
+  // rank them.
+  if (options_.cudnn_benchmark) {
+    DPTRAIN_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(cudnn_, plan->x, plan->w, plan->conv, plan->y,
+                                                             kCandidates, &count, forward));
+    plan->forward = usable(forward, count, deterministic, "forward");
+    DPTRAIN_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(cudnn_, plan->w, plan->y, plan->conv,
+                                                                  plan->x, kCandidates, &count, data));
+    plan->backward_data = usable(data, count, deterministic, "backward-data");
+    DPTRAIN_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(cudnn_, plan->x, plan->y, plan->conv,
                                                                     plan->w, kCandidates, &count, filter));
-  const auto& w = pick(filter, count, options_.deterministic, "backward-filter");
-  plan->backward_filter = w.algo;
-  plan->filter_math = w.mathType;
-  plan->filter_workspace = w.memory;
+    plan->backward_filter = usable(filter, count, deterministic, "backward-filter");
+  } else {
+    DPTRAIN_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(cudnn_, plan->x, plan->w, plan->conv, plan->y,
+                                                               kCandidates, &count, forward));
+    plan->forward = usable(forward, count, deterministic, "forward");
+    DPTRAIN_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn_, plan->w, plan->y, plan->conv,
+                                                                    plan->x, kCandidates, &count, data));
+    plan->backward_data = usable(data, count, deterministic, "backward-data");
+    DPTRAIN_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnn_, plan->x, plan->y, plan->conv,
+                                                                      plan->w, kCandidates, &count, filter));
+    plan->backward_filter = usable(filter, count, deterministic, "backward-filter");
+  }
   return *conv_plans_.emplace(key, std::move(plan)).first->second;
+}
+
+// Runs `call(algorithm, workspace)` with the plan's first working candidate, and passes over any that
+// fails for the next in rank.
+template <typename Call>
+void CudaBackend::run_ranked(ConvPlan& plan, std::vector<ConvAlgorithm>& candidates, std::size_t& at,
+                             const char* what, Call call) {
+  at = first_working(candidates.size(), at, std::string("cuDNN ") + what,
+                     "the convolution cannot run on this GPU as configured; try cuda.deterministic false or "
+                     "a smaller batch",
+                     [&](std::size_t k) -> std::string {
+                       const ConvAlgorithm& a = candidates[k];
+                       const std::string name = "algorithm " + std::to_string(a.algo);
+                       void* workspace = try_scratch(workspace_, a.workspace);
+                       if (a.workspace > 0 && workspace == nullptr)
+                         return name + ": no memory for its " + std::to_string(a.workspace >> 20) +
+                                " MiB workspace";
+                       cudnnStatus_t status = cudnnSetConvolutionMathType(plan.conv, a.math);
+                       if (status == CUDNN_STATUS_SUCCESS) status = call(a, workspace);
+                       if (status == CUDNN_STATUS_SUCCESS) return {};
+                       cudaGetLastError();  // a failed launch inside cuDNN must not be blamed on the next
+                       return name + ": " + cudnnGetErrorString(status);
+                     });
+  DPTRAIN_CUDA_SYNC_POINT(what);
 }
 
 void CudaBackend::conv2d(const float* x, const float* w, const float* bias, float* y,
@@ -391,10 +467,12 @@ void CudaBackend::conv2d(const float* x, const float* w, const float* bias, floa
   if (g.batch == 0) return;
   ConvPlan& plan = conv_plan(g);
   const float one = 1, zero = 0;
-  void* workspace = scratch(workspace_, plan.forward_workspace);
-  DPTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(plan.conv, plan.forward_math));
-  DPTRAIN_CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, plan.x, x, plan.w, w, plan.conv, plan.forward,
-                                              workspace, plan.forward_workspace, &zero, plan.y, y));
+  run_ranked(plan, plan.forward, plan.forward_at, "cudnnConvolutionForward",
+             [&](const ConvAlgorithm& a, void* workspace) {
+               return cudnnConvolutionForward(cudnn_, &one, plan.x, x, plan.w, w, plan.conv,
+                                              static_cast<cudnnConvolutionFwdAlgo_t>(a.algo), workspace,
+                                              a.workspace, &zero, plan.y, y);
+             });
   // The bias and the fused ReLU in one pass over the output.
   if (bias || g.fuse_relu)
     cuda::add_bias(y, bias, y, {g.batch, g.out_channels, g.out_h * g.out_w}, g.fuse_relu, compute_);
@@ -412,22 +490,25 @@ void CudaBackend::conv2d_backward(const float* gy, const float* x, const float* 
     relu_mask(gy, y, masked, n, compute_);
     grad = masked;
   }
-  if (gbias) bias_gradient(grad, gbias, {g.batch, g.out_channels, g.out_h * g.out_w}, compute_);
+  if (gbias) {
+    const BiasShape shape{g.batch, g.out_channels, g.out_h * g.out_w};
+    bias_gradient(grad, gbias, shape, reduction_buffer(bias_gradient_partials(shape)), compute_);
+  }
   const float one = 1;
-  if (gw) {
-    void* workspace = scratch(workspace_, plan.filter_workspace);
-    DPTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(plan.conv, plan.filter_math));
-    DPTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, plan.x, x, plan.y, grad, plan.conv,
-                                                       plan.backward_filter, workspace, plan.filter_workspace,
-                                                       &one, plan.w, gw));
-  }
-  if (gx) {
-    void* workspace = scratch(workspace_, plan.data_workspace);
-    DPTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(plan.conv, plan.data_math));
-    DPTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, plan.w, w, plan.y, grad, plan.conv,
-                                                     plan.backward_data, workspace, plan.data_workspace, &one,
-                                                     plan.x, gx));
-  }
+  if (gw)
+    run_ranked(plan, plan.backward_filter, plan.filter_at, "cudnnConvolutionBackwardFilter",
+               [&](const ConvAlgorithm& a, void* workspace) {
+                 return cudnnConvolutionBackwardFilter(cudnn_, &one, plan.x, x, plan.y, grad, plan.conv,
+                                                       static_cast<cudnnConvolutionBwdFilterAlgo_t>(a.algo),
+                                                       workspace, a.workspace, &one, plan.w, gw);
+               });
+  if (gx)
+    run_ranked(plan, plan.backward_data, plan.data_at, "cudnnConvolutionBackwardData",
+               [&](const ConvAlgorithm& a, void* workspace) {
+                 return cudnnConvolutionBackwardData(cudnn_, &one, plan.w, w, plan.y, grad, plan.conv,
+                                                     static_cast<cudnnConvolutionBwdDataAlgo_t>(a.algo),
+                                                     workspace, a.workspace, &one, plan.x, gx);
+               });
 }
 
 // ---- pooling and pointwise: cuda/kernels.cu ----
@@ -443,11 +524,11 @@ void CudaBackend::maxpool2d_backward(const float* gy, const int32_t* argmax, flo
 }
 void CudaBackend::batchnorm_sums(const float* x, double* sums, BatchNormShape s) {
   make_current();
-  cuda::batchnorm_sums(x, sums, s, compute_);
+  cuda::batchnorm_sums(x, sums, s, reduction_buffer(batchnorm_partials(s)), compute_);
 }
 void CudaBackend::batchnorm_squares(const float* x, const double* sums, double* squares, BatchNormShape s) {
   make_current();
-  cuda::batchnorm_squares(x, sums, squares, s, compute_);
+  cuda::batchnorm_squares(x, sums, squares, s, reduction_buffer(batchnorm_partials(s)), compute_);
 }
 void CudaBackend::batchnorm_batch_stats(const double* sums, const double* squares, float* stats,
                                         float* running_mean, float* running_var, int64_t channels, float eps,
@@ -470,7 +551,8 @@ void CudaBackend::batchnorm_backward_reduce(const float* gy, const float* x, con
                                             double* grad_sums, float* ggamma, float* gbeta,
                                             BatchNormShape s) {
   make_current();
-  cuda::batchnorm_backward_reduce(gy, x, stats, grad_sums, ggamma, gbeta, s, compute_);
+  cuda::batchnorm_backward_reduce(gy, x, stats, grad_sums, ggamma, gbeta, s,
+                                  reduction_buffer(batchnorm_partials(s)), compute_);
 }
 void CudaBackend::batchnorm_backward_input(const float* gy, const float* x, const float* stats,
                                            const float* gamma, const double* grad_sums, const double* sums,
@@ -581,6 +663,19 @@ bool CudaBackend::all_finite(const float* x, int64_t n) {
   int32_t bad = 0;
   copy_to_host(&bad, flag, sizeof bad);
   return bad == 0;
+}
+
+void CudaBackend::mark_non_finite(const float* x, int64_t n, int32_t* flag, int32_t value) {
+  make_current();
+  cuda::mark_non_finite(x, n, flag, value, compute_);
+}
+
+void CudaBackend::count_correct(const float* logits, std::span<const int32_t> labels, int64_t classes,
+                                float* out) {
+  make_current();
+  if (labels.empty()) return cuda::fill(out, 1, 0.0f, compute_);
+  cuda::count_correct(logits, upload_labels(labels), static_cast<int64_t>(labels.size()), classes, out,
+                      compute_);
 }
 
 void CudaBackend::sgd_step(float* params, const float* grads, float* momentum_buffer, int64_t n,

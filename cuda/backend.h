@@ -21,9 +21,12 @@
 namespace dptrain::cuda {
 
 struct CudaOptions {
-  bool tf32 = false;           // TF32 tensor cores for fp32 GEMMs and convolutions (off: exact fp32)
-  bool deterministic = false;  // only cuDNN algorithms that give the same bits run to run
+  bool tf32 = false;             // TF32 tensor cores for fp32 GEMMs and convolutions (off: exact fp32)
+  bool deterministic = false;    // only cuDNN algorithms that give the same bits run to run
+  bool cudnn_benchmark = false;  // rank cuDNN's algorithms by timing them (cudnnFind), not heuristics
 };
+
+struct ConvAlgorithm;  // one of cuDNN's algorithms for a convolution (backend.cpp)
 
 class CudaBackend final : public Backend {
  public:
@@ -34,8 +37,15 @@ class CudaBackend final : public Backend {
   CudaBackend& operator=(const CudaBackend&) = delete;
 
   Device device() const override { return Device::cuda(index_); }
+  // Frees what the backend keeps between calls (scratch, pinned staging, the cuBLAS and cuDNN
+  // handles and their workspaces) once the queued work is done. At exit (cuda/runtime.cpp), so that
+  // compute-sanitizer's leak check sees only real leaks; buffers may still be released after it,
+  // but no op may run.
+  void release_cached() override;
   cudaStream_t compute_stream() const { return compute_; }
   const CudaOptions& options() const { return options_; }
+  // How many times a pinned staging buffer was allocated (each one synchronizes the device).
+  int pinned_allocations() const { return pinned_allocations_; }
 
   void* allocate(std::size_t bytes) override;
   void release(void* pointer, std::size_t bytes) override;
@@ -93,6 +103,9 @@ class CudaBackend final : public Backend {
   void to_half(const float* x, uint16_t* y, int64_t n, float scale, HalfFormat format) override;
   void from_half(const uint16_t* x, float* y, int64_t n, HalfFormat format) override;
   bool all_finite(const float* x, int64_t n) override;
+  void mark_non_finite(const float* x, int64_t n, int32_t* flag, int32_t value) override;
+  void count_correct(const float* logits, std::span<const int32_t> labels, int64_t classes,
+                     float* out) override;
   void sgd_step(float* params, const float* grads, float* momentum_buffer, int64_t n,
                 const SgdStep& s) override;
   void adam_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, int64_t n,
@@ -106,6 +119,10 @@ class CudaBackend final : public Backend {
   };
   void make_current() const;
   void* scratch(Scratch& s, std::size_t bytes);
+  // As scratch, but null where the memory is not to be had (the caller has another way).
+  void* try_scratch(Scratch& s, std::size_t bytes);
+  // Partial sums of the deterministic two-pass reductions (batch normalisation, bias gradients).
+  double* reduction_buffer(int64_t doubles);
   // A pinned host buffer that grows; `done` is recorded after the last copy that used it.
   struct Pinned {
     void* data = nullptr;
@@ -117,6 +134,9 @@ class CudaBackend final : public Backend {
 
   struct ConvPlan;  // descriptors and algorithms of one convolution shape
   ConvPlan& conv_plan(const Conv2dGeometry& g);
+  template <typename Call>
+  void run_ranked(ConvPlan& plan, std::vector<ConvAlgorithm>& candidates, std::size_t& at, const char* what,
+                  Call call);
   struct LinearPlan;  // cuBLASLt descriptors and algorithm of one linear shape
   LinearPlan& linear_plan(LinearShape s);
 
@@ -127,9 +147,10 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   cublasLtHandle_t cublas_lt_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
-  Scratch workspace_, labels_, relu_mask_, row_loss_, partials_, flag_;
+  Scratch workspace_, labels_, relu_mask_, row_loss_, partials_, flag_, reduction_;
   Pinned upload_[2], download_;
   int next_upload_ = 0;
+  int pinned_allocations_ = 0;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int>,
            std::unique_ptr<ConvPlan>>
       conv_plans_;

@@ -1,6 +1,9 @@
 // The error paths of the CUDA, cuBLAS, cuDNN and NCCL checks.
 #include "cuda/check.h"
 
+#include <cstdlib>
+#include <cstring>
+
 namespace dptrain::cuda::detail {
 
 void fail_call(const char* call, const std::string& error, const char* file, int line) {
@@ -12,6 +15,22 @@ void fail_cuda(cudaError_t status, const char* call, const char* file, int line)
   // check after the next kernel reports this call's failure as that kernel's.
   cudaGetLastError();
   fail_call(call, std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status), file, line);
+}
+
+bool sync_each_op() {
+  static const bool on = [] {
+    const char* v = std::getenv("DPTRAIN_CUDA_SYNC");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
+void synchronize_after(const char* call, const char* file, int line) {
+  const cudaError_t status = cudaDeviceSynchronize();
+  if (status != cudaSuccess)
+    fail_cuda(status,
+              (std::string(call) + " (found by DPTRAIN_CUDA_SYNC=1, which synchronizes after it)").c_str(),
+              file, line);
 }
 
 const char* cublas_status_name(cublasStatus_t status) {

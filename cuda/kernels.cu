@@ -1,7 +1,9 @@
 // The CUDA backend's kernels: grid-stride loops, one launch per call, nothing waits for the host.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
+#include "core/activation_rules.h"
 #include "core/half.h"
 #include "core/rng.h"
 #include "core/update_rules.h"
@@ -25,12 +27,29 @@ __device__ int64_t grid_stride() {
   return static_cast<int64_t>(blockDim.x) * gridDim.x;
 }
 
+// Kernels that divide an element's index into coordinates do it in 32 bits whenever the tensor
+// allows (64-bit division costs several times more), selected by DPTRAIN_LAUNCH_INDEXED.
+bool fits_32_bits(int64_t n) {
+  return n <= std::numeric_limits<int32_t>::max() - static_cast<int64_t>(132) * 32 * kThreads;
+}
+
 #define DPTRAIN_LAUNCH(kernel, n, stream, ...)                       \
   do {                                                               \
     if ((n) > 0) {                                                   \
       kernel<<<blocks_for(n), kThreads, 0, (stream)>>>(__VA_ARGS__); \
-      DPTRAIN_CUDA_CHECK_LAUNCH();                                   \
+      DPTRAIN_CUDA_CHECK_LAUNCH(#kernel);                            \
     }                                                                \
+  } while (0)
+
+#define DPTRAIN_LAUNCH_INDEXED(kernel, n, stream, ...)                          \
+  do {                                                                          \
+    if ((n) > 0) {                                                              \
+      if (fits_32_bits(n))                                                      \
+        kernel<int32_t><<<blocks_for(n), kThreads, 0, (stream)>>>(__VA_ARGS__); \
+      else                                                                      \
+        kernel<int64_t><<<blocks_for(n), kThreads, 0, (stream)>>>(__VA_ARGS__); \
+      DPTRAIN_CUDA_CHECK_LAUNCH(#kernel);                                       \
+    }                                                                           \
   } while (0)
 
 __global__ void fill_kernel(float* y, int64_t n, float value) {
@@ -48,31 +67,40 @@ __global__ void add_device_scalar_kernel(const float* value, float* y, int64_t n
 }
 
 // x and y may be the same buffer (an epilogue in place); no bias: only the ReLU.
+template <typename Index>
 __global__ void add_bias_kernel(const float* x, const float* __restrict__ bias, float* y, BiasShape s,
                                 bool relu) {
-  const int64_t n = s.outer * s.channels * s.inner;
-  for (int64_t i = first_index(); i < n; i += grid_stride()) {
-    const float v = bias ? x[i] + bias[(i / s.inner) % s.channels] : x[i];
-    y[i] = relu ? fmaxf(v, 0.0f) : v;
+  const Index n = static_cast<Index>(s.outer * s.channels * s.inner), inner = static_cast<Index>(s.inner),
+              channels = static_cast<Index>(s.channels);
+  for (Index i = static_cast<Index>(first_index()); i < n; i += static_cast<Index>(grid_stride())) {
+    const float v = bias ? x[i] + bias[(i / inner) % channels] : x[i];
+    y[i] = relu ? relu_of(v) : v;
   }
 }
 
-// One block per channel; threads stride over (outer, inner), then a tree in shared memory.
-__global__ void bias_gradient_kernel(const float* __restrict__ gy, float* __restrict__ gbias, BiasShape s) {
-  __shared__ float partial[kThreads];
-  const int64_t c = blockIdx.x, count = s.outer * s.inner;
+// Column sums of a [rows, columns] matrix (a linear layer's bias gradient): a block covers 32
+// columns, its 8 warps take every 8th row, so each warp reads 32 neighbouring floats at a time;
+// the 8 partial sums are added in a fixed order.
+constexpr int kColumnRowsInFlight = kThreads / 32;
+__global__ void column_sums_kernel(const float* __restrict__ gy, float* __restrict__ gbias, int64_t rows,
+                                   int64_t columns) {
+  __shared__ float partial[kColumnRowsInFlight][32];
+  const int lane = threadIdx.x % 32, row_group = threadIdx.x / 32;
+  const int64_t column = static_cast<int64_t>(blockIdx.x) * 32 + lane;
   float acc = 0.0f;
-  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
-    const int64_t o = j / s.inner, i = j % s.inner;
-    acc += gy[(o * s.channels + c) * s.inner + i];
-  }
-  partial[threadIdx.x] = acc;
+  if (column < columns)
+    for (int64_t r = row_group; r < rows; r += kColumnRowsInFlight) acc += gy[r * columns + column];
+  partial[row_group][lane] = acc;
   __syncthreads();
-  for (int half = blockDim.x / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
-    __syncthreads();
+  if (row_group == 0 && column < columns) {
+    float total = 0.0f;
+    for (int g = 0; g < kColumnRowsInFlight; ++g) total += partial[g][lane];
+    gbias[column] += total;
   }
-  if (threadIdx.x == 0) gbias[c] += partial[0];
+}
+
+__global__ void add_doubles_kernel(const double* __restrict__ sums, float* __restrict__ y, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] += static_cast<float>(sums[i]);
 }
 
 __global__ void relu_mask_kernel(const float* __restrict__ gy, const float* __restrict__ y,
@@ -140,37 +168,100 @@ __device__ double block_sum(double v, double* shared) {
   return total;
 }
 
-// Batch normalisation's per-channel reductions run one block per channel; threads stride over
-// (sample, position), so the order is fixed and the result deterministic.
-__device__ int64_t bn_index(BatchNormShape s, int64_t c, int64_t j) {
-  return ((j / s.inner) * s.channels + c) * s.inner + j % s.inner;
+// Batch normalisation's per-channel reductions: block (k, c) sums channel c over the samples of
+// split k, in double, threads striding over (sample, position) in a fixed order; a second kernel adds
+// each channel's splits in order. Deterministic for a given shape.
+struct SplitRange {
+  int64_t first_sample, samples;
+};
+__device__ SplitRange split_of(BatchNormShape s, int splits) {
+  const int64_t k = blockIdx.x, per = (s.batch + splits - 1) / splits, first = k * per;
+  return {first, max(int64_t{0}, min(per, s.batch - first))};
 }
-
-__global__ void batchnorm_sums_kernel(const float* __restrict__ x, double* __restrict__ sums,
-                                      BatchNormShape s) {
-  __shared__ double shared[kThreads];
-  const int64_t c = blockIdx.x, count = s.batch * s.inner;
+// sum over the split's (sample, position) of value(at), `at` the element's index in [batch, C, inner].
+template <typename Value>
+__device__ double split_sum(BatchNormShape s, int64_t c, SplitRange r, Value value) {
   double acc = 0;
-  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) acc += x[bn_index(s, c, j)];
-  const double total = block_sum(acc, shared);
-  if (threadIdx.x == 0) {
-    sums[c] = total;
-    if (c == 0) sums[s.channels] = static_cast<double>(count);
+  const int64_t count = r.samples * s.inner;
+  if (count <= int64_t{0xffffffff}) {  // 32-bit division: the common case
+    const auto inner = static_cast<uint32_t>(s.inner);
+    for (uint32_t j = threadIdx.x; j < count; j += blockDim.x)
+      acc += value(((r.first_sample + j / inner) * s.channels + c) * s.inner + j % inner);
+  } else {
+    for (int64_t j = threadIdx.x; j < count; j += blockDim.x)
+      acc += value(((r.first_sample + j / s.inner) * s.channels + c) * s.inner + j % s.inner);
   }
+  return acc;
 }
 
-__global__ void batchnorm_squares_kernel(const float* __restrict__ x, const double* __restrict__ sums,
-                                         double* __restrict__ squares, BatchNormShape s) {
+__global__ void batchnorm_partial_sums_kernel(const float* __restrict__ x, double* __restrict__ partials,
+                                              BatchNormShape s, int splits) {
   __shared__ double shared[kThreads];
-  const int64_t c = blockIdx.x, count = s.batch * s.inner;
+  const int64_t c = blockIdx.y;
+  const double total = block_sum(
+      split_sum(s, c, split_of(s, splits), [&](int64_t at) { return static_cast<double>(x[at]); }), shared);
+  if (threadIdx.x == 0) partials[c * splits + blockIdx.x] = total;
+}
+
+__global__ void batchnorm_partial_squares_kernel(const float* __restrict__ x, const double* __restrict__ sums,
+                                                 double* __restrict__ partials, BatchNormShape s,
+                                                 int splits) {
+  __shared__ double shared[kThreads];
+  const int64_t c = blockIdx.y;
   const auto mean = static_cast<float>(sums[c] / sums[s.channels]);  // the mean normalisation uses
-  double acc = 0;
-  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
-    const float d = x[bn_index(s, c, j)] - mean;
-    acc += d * d;
+  const double total = block_sum(split_sum(s, c, split_of(s, splits),
+                                           [&](int64_t at) {
+                                             const float d = x[at] - mean;
+                                             return static_cast<double>(d * d);
+                                           }),
+                                 shared);
+  if (threadIdx.x == 0) partials[c * splits + blockIdx.x] = total;
+}
+
+// out[c] = the sum of channel c's splits, in order; with `count`, out[channels] = count as well.
+__global__ void add_splits_kernel(const double* __restrict__ partials, double* __restrict__ out,
+                                  int64_t channels, int splits, double count) {
+  for (int64_t c = first_index(); c < channels; c += grid_stride()) {
+    double total = 0;
+    for (int k = 0; k < splits; ++k) total += partials[c * splits + k];
+    out[c] = total;
   }
-  const double total = block_sum(acc, shared);
-  if (threadIdx.x == 0) squares[c] = total;
+  if (count >= 0 && first_index() == 0) out[channels] = count;
+}
+
+__global__ void batchnorm_partial_backward_kernel(const float* __restrict__ gy, const float* __restrict__ x,
+                                                  const float* __restrict__ stats,
+                                                  double* __restrict__ partials, BatchNormShape s,
+                                                  int splits) {
+  __shared__ double shared[kThreads];
+  const int64_t c = blockIdx.y;
+  const float mean = stats[c];
+  const SplitRange r = split_of(s, splits);
+  const double sum_gy =
+      block_sum(split_sum(s, c, r, [&](int64_t at) { return static_cast<double>(gy[at]); }), shared);
+  const double sum_gy_xmu = block_sum(
+      split_sum(s, c, r, [&](int64_t at) { return static_cast<double>(gy[at] * (x[at] - mean)); }), shared);
+  if (threadIdx.x == 0) {
+    partials[c * splits + blockIdx.x] = sum_gy;
+    partials[(s.channels + c) * splits + blockIdx.x] = sum_gy_xmu;
+  }
+}
+
+__global__ void batchnorm_finish_backward_kernel(const double* __restrict__ partials,
+                                                 const float* __restrict__ stats,
+                                                 double* __restrict__ grad_sums, float* __restrict__ ggamma,
+                                                 float* __restrict__ gbeta, int64_t channels, int splits) {
+  for (int64_t c = first_index(); c < channels; c += grid_stride()) {
+    double sum_gy = 0, sum_gy_xmu = 0;
+    for (int k = 0; k < splits; ++k) {
+      sum_gy += partials[c * splits + k];
+      sum_gy_xmu += partials[(channels + c) * splits + k];
+    }
+    grad_sums[c] = sum_gy;
+    grad_sums[channels + c] = sum_gy_xmu;
+    if (ggamma) ggamma[c] += static_cast<float>(sum_gy_xmu * stats[channels + c]);
+    if (gbeta) gbeta[c] += static_cast<float>(sum_gy);
+  }
 }
 
 __global__ void batchnorm_batch_stats_kernel(const double* __restrict__ sums,
@@ -200,49 +291,31 @@ __global__ void batchnorm_running_stats_kernel(const float* __restrict__ running
   }
 }
 
+template <typename Index>
 __global__ void batchnorm_normalize_kernel(const float* __restrict__ x, const float* __restrict__ stats,
                                            const float* __restrict__ gamma, const float* __restrict__ beta,
                                            float* __restrict__ y, BatchNormShape s) {
-  const int64_t n = s.batch * s.channels * s.inner;
-  for (int64_t i = first_index(); i < n; i += grid_stride()) {
-    const int64_t c = (i / s.inner) % s.channels;
+  const Index n = static_cast<Index>(s.batch * s.channels * s.inner), inner = static_cast<Index>(s.inner),
+              channels = static_cast<Index>(s.channels);
+  for (Index i = static_cast<Index>(first_index()); i < n; i += static_cast<Index>(grid_stride())) {
+    const Index c = (i / inner) % channels;
     const float scale = stats[s.channels + c] * gamma[c], shift = beta[c] - stats[c] * scale;
     y[i] = x[i] * scale + shift;
   }
 }
 
-__global__ void batchnorm_backward_reduce_kernel(const float* __restrict__ gy, const float* __restrict__ x,
-                                                 const float* __restrict__ stats,
-                                                 double* __restrict__ grad_sums, float* __restrict__ ggamma,
-                                                 float* __restrict__ gbeta, BatchNormShape s) {
-  __shared__ double shared[kThreads];
-  const int64_t c = blockIdx.x, count = s.batch * s.inner;
-  const float mean = stats[c];
-  double acc_gy = 0, acc_gy_xmu = 0;
-  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) {
-    const int64_t at = bn_index(s, c, j);
-    acc_gy += gy[at];
-    acc_gy_xmu += gy[at] * (x[at] - mean);
-  }
-  const double sum_gy = block_sum(acc_gy, shared), sum_gy_xmu = block_sum(acc_gy_xmu, shared);
-  if (threadIdx.x == 0) {
-    grad_sums[c] = sum_gy;
-    grad_sums[s.channels + c] = sum_gy_xmu;
-    if (ggamma) ggamma[c] += static_cast<float>(sum_gy_xmu * stats[s.channels + c]);
-    if (gbeta) gbeta[c] += static_cast<float>(sum_gy);
-  }
-}
-
 // grad_sums null: fixed statistics (evaluation), gx += gamma invstd gy.
+template <typename Index>
 __global__ void batchnorm_backward_input_kernel(const float* __restrict__ gy, const float* __restrict__ x,
                                                 const float* __restrict__ stats,
                                                 const float* __restrict__ gamma,
                                                 const double* __restrict__ grad_sums,
                                                 const double* __restrict__ sums, float* __restrict__ gx,
                                                 BatchNormShape s) {
-  const int64_t n = s.batch * s.channels * s.inner;
-  for (int64_t i = first_index(); i < n; i += grid_stride()) {
-    const int64_t c = (i / s.inner) % s.channels;
+  const Index n = static_cast<Index>(s.batch * s.channels * s.inner), inner = static_cast<Index>(s.inner),
+              channels = static_cast<Index>(s.channels);
+  for (Index i = static_cast<Index>(first_index()); i < n; i += static_cast<Index>(grid_stride())) {
+    const Index c = (i / inner) % channels;
     const float mean = stats[c], invstd = stats[s.channels + c], scale = gamma[c] * invstd;
     if (grad_sums == nullptr) {
       gx[i] += scale * gy[i];
@@ -271,17 +344,18 @@ __global__ void mean_planes_kernel(const float* __restrict__ x, float* __restric
   }
 }
 
+template <typename Index>
 __global__ void mean_planes_backward_kernel(const float* __restrict__ gy, float* __restrict__ gx,
                                             int64_t planes, int64_t plane_size) {
-  const int64_t n = planes * plane_size;
-  for (int64_t i = first_index(); i < n; i += grid_stride())
-    gx[i] += gy[i / plane_size] / static_cast<float>(plane_size);
+  const Index n = static_cast<Index>(planes * plane_size), size = static_cast<Index>(plane_size);
+  for (Index i = static_cast<Index>(first_index()); i < n; i += static_cast<Index>(grid_stride()))
+    gx[i] += gy[i / size] / static_cast<float>(plane_size);
 }
 
 __device__ float activate(Activation f, float v) {
   switch (f) {
     case Activation::kRelu:
-      return v > 0.0f ? v : 0.0f;
+      return relu_of(v);
     case Activation::kTanh:
       return tanhf(v);
     case Activation::kSigmoid:
@@ -341,21 +415,27 @@ __global__ void softmax_cross_entropy_kernel(const float* __restrict__ logits,
     for (int offset = 16; offset > 0; offset /= 2)
       peak = fmaxf(peak, __shfl_xor_sync(0xffffffffu, peak, offset));
     float denom = 0.0f;
-    for (int64_t c = lane; c < classes; c += 32) denom += expf(row[c] - peak);
+    float* out = probs + b * classes;
+    for (int64_t c = lane; c < classes; c += 32) {
+      const float e = expf(row[c] - peak);
+      out[c] = e;  // read back below by this same lane
+      denom += e;
+    }
     for (int offset = 16; offset > 0; offset /= 2) denom += __shfl_xor_sync(0xffffffffu, denom, offset);
-    for (int64_t c = lane; c < classes; c += 32) probs[b * classes + c] = expf(row[c] - peak) / denom;
+    for (int64_t c = lane; c < classes; c += 32) out[c] /= denom;
     if (lane == 0) row_loss[b] = logf(denom) - (row[labels[b]] - peak);
   }
 }
 
+template <typename Index>
 __global__ void cross_entropy_backward_kernel(const float* __restrict__ probs,
                                               const int32_t* __restrict__ labels,
                                               const float* __restrict__ gloss, float* __restrict__ g,
                                               int64_t batch, int64_t classes) {
   const float scale = gloss[0] / static_cast<float>(batch);
-  const int64_t n = batch * classes;
-  for (int64_t i = first_index(); i < n; i += grid_stride()) {
-    const int64_t b = i / classes, c = i % classes;
+  const Index n = static_cast<Index>(batch * classes), k = static_cast<Index>(classes);
+  for (Index i = static_cast<Index>(first_index()); i < n; i += static_cast<Index>(grid_stride())) {
+    const Index b = i / k, c = i % k;
     g[i] += scale * (probs[i] - (c == labels[b] ? 1.0f : 0.0f));
   }
 }
@@ -401,8 +481,40 @@ __global__ void flag_non_finite_kernel(const float* __restrict__ x, int64_t n, i
     if (!isfinite(x[i])) *flag = 1;  // every writer stores the same value: the race is benign
 }
 
+// The first marker wins (a compare-and-swap from 0): the flag keeps the first step that failed.
+__global__ void mark_non_finite_kernel(const float* __restrict__ x, int64_t n, int32_t* flag, int32_t value) {
+  if (*flag != 0) return;
+  for (int64_t i = first_index(); i < n; i += grid_stride())
+    if (!isfinite(x[i])) {
+      atomicCAS(flag, 0, value);
+      return;
+    }
+}
+
+// One thread per row, scanning in order: std::max_element's first largest, NaN rules included.
+__global__ void count_correct_kernel(const float* __restrict__ logits, const int32_t* __restrict__ labels,
+                                     int64_t batch, int64_t classes, float* __restrict__ out) {
+  __shared__ int counts[kThreads];
+  int count = 0;
+  for (int64_t b = threadIdx.x; b < batch; b += blockDim.x) {
+    const float* row = logits + b * classes;
+    int64_t best = 0;
+    for (int64_t c = 1; c < classes; ++c)
+      if (row[best] < row[c]) best = c;
+    count += best == labels[b];
+  }
+  counts[threadIdx.x] = count;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) counts[threadIdx.x] += counts[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[0] = static_cast<float>(counts[0]);
+}
+
 __global__ void sgd_kernel(float* __restrict__ params, const float* __restrict__ grads,
                            float* __restrict__ momentum_buffer, int64_t n, SgdStep s) {
+  if (s.skip_if_set != nullptr && *s.skip_if_set != 0) return;
   float unused = 0.0f;
   for (int64_t i = first_index(); i < n; i += grid_stride())
     sgd_update(params[i], grads[i], momentum_buffer ? momentum_buffer[i] : unused, s);
@@ -410,6 +522,7 @@ __global__ void sgd_kernel(float* __restrict__ params, const float* __restrict__
 
 __global__ void adam_kernel(float* __restrict__ params, const float* __restrict__ grads,
                             float* __restrict__ m, float* __restrict__ v, int64_t n, AdamStep s) {
+  if (s.skip_if_set != nullptr && *s.skip_if_set != 0) return;
   for (int64_t i = first_index(); i < n; i += grid_stride()) adam_update(params[i], grads[i], m[i], v[i], s);
 }
 
@@ -441,13 +554,22 @@ void add_device_scalar(const float* value, float* y, int64_t n, cudaStream_t str
 }
 
 void add_bias(const float* x, const float* bias, float* y, BiasShape s, bool relu, cudaStream_t stream) {
-  DPTRAIN_LAUNCH(add_bias_kernel, s.outer * s.channels * s.inner, stream, x, bias, y, s, relu);
+  DPTRAIN_LAUNCH_INDEXED(add_bias_kernel, s.outer * s.channels * s.inner, stream, x, bias, y, s, relu);
 }
 
-void bias_gradient(const float* gy, float* gbias, BiasShape s, cudaStream_t stream) {
-  if (s.channels == 0) return;
-  bias_gradient_kernel<<<static_cast<unsigned>(s.channels), kThreads, 0, stream>>>(gy, gbias, s);
-  DPTRAIN_CUDA_CHECK_LAUNCH();
+void bias_gradient(const float* gy, float* gbias, BiasShape s, double* partials, cudaStream_t stream) {
+  if (s.channels == 0 || s.outer == 0 || s.inner == 0) return;
+  if (s.inner == 1) {
+    const auto blocks = static_cast<unsigned>((s.channels + 31) / 32);
+    column_sums_kernel<<<blocks, kThreads, 0, stream>>>(gy, gbias, s.outer, s.channels);
+    DPTRAIN_CUDA_CHECK_LAUNCH("column_sums_kernel");
+    return;
+  }
+  // A convolution's: the channel sums of batch normalisation, then added to gbias.
+  const BatchNormShape shape{s.outer, s.channels, s.inner};
+  double* sums = partials + batchnorm_partials(shape);
+  batchnorm_sums(gy, sums, shape, partials, stream);
+  DPTRAIN_LAUNCH(add_doubles_kernel, s.channels, stream, sums, gbias, s.channels);
 }
 
 void relu_mask(const float* gy, const float* y, float* masked, int64_t n, cudaStream_t stream) {
@@ -463,17 +585,43 @@ void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx, const
   DPTRAIN_LAUNCH(maxpool_backward_kernel, g.planes * g.height * g.width, stream, gy, argmax, gx, g);
 }
 
-void batchnorm_sums(const float* x, double* sums, BatchNormShape s, cudaStream_t stream) {
+namespace {
+// Blocks per channel: about four waves of blocks on an H100's 132 SMs, at most one per sample.
+int batchnorm_splits(BatchNormShape s) {
+  const int64_t wanted = (4 * 132 + s.channels - 1) / std::max<int64_t>(s.channels, 1);
+  return static_cast<int>(std::clamp<int64_t>(wanted, 1, std::max<int64_t>(s.batch, 1)));
+}
+dim3 batchnorm_grid(BatchNormShape s) {
+  DPTRAIN_CHECK(s.channels <= 65535, "per-channel sums over ", s.channels,
+                " channels: the CUDA backend takes at most 65535 (a grid dimension)");
+  return dim3(static_cast<unsigned>(batchnorm_splits(s)), static_cast<unsigned>(s.channels));
+}
+}  // namespace
+
+int64_t batchnorm_partials(BatchNormShape s) {
+  return 2 * s.channels * batchnorm_splits(s);
+}
+
+int64_t bias_gradient_partials(BiasShape s) {
+  return s.inner == 1 ? 0 : batchnorm_partials({s.outer, s.channels, s.inner}) + s.channels + 1;
+}
+
+void batchnorm_sums(const float* x, double* sums, BatchNormShape s, double* partials, cudaStream_t stream) {
   if (s.channels == 0) return;
-  batchnorm_sums_kernel<<<static_cast<unsigned>(s.channels), kThreads, 0, stream>>>(x, sums, s);
-  DPTRAIN_CUDA_CHECK_LAUNCH();
+  const int splits = batchnorm_splits(s);
+  batchnorm_partial_sums_kernel<<<batchnorm_grid(s), kThreads, 0, stream>>>(x, partials, s, splits);
+  DPTRAIN_CUDA_CHECK_LAUNCH("batchnorm_partial_sums_kernel");
+  DPTRAIN_LAUNCH(add_splits_kernel, s.channels, stream, partials, sums, s.channels, splits,
+                 static_cast<double>(s.batch * s.inner));
 }
 
 void batchnorm_squares(const float* x, const double* sums, double* squares, BatchNormShape s,
-                       cudaStream_t stream) {
+                       double* partials, cudaStream_t stream) {
   if (s.channels == 0) return;
-  batchnorm_squares_kernel<<<static_cast<unsigned>(s.channels), kThreads, 0, stream>>>(x, sums, squares, s);
-  DPTRAIN_CUDA_CHECK_LAUNCH();
+  const int splits = batchnorm_splits(s);
+  batchnorm_partial_squares_kernel<<<batchnorm_grid(s), kThreads, 0, stream>>>(x, sums, partials, s, splits);
+  DPTRAIN_CUDA_CHECK_LAUNCH("batchnorm_partial_squares_kernel");
+  DPTRAIN_LAUNCH(add_splits_kernel, s.channels, stream, partials, squares, s.channels, splits, -1.0);
 }
 
 void batchnorm_batch_stats(const double* sums, const double* squares, float* stats, float* running_mean,
@@ -491,23 +639,27 @@ void batchnorm_running_stats(const float* running_mean, const float* running_var
 
 void batchnorm_normalize(const float* x, const float* stats, const float* gamma, const float* beta, float* y,
                          BatchNormShape s, cudaStream_t stream) {
-  DPTRAIN_LAUNCH(batchnorm_normalize_kernel, s.batch * s.channels * s.inner, stream, x, stats, gamma, beta, y,
-                 s);
+  DPTRAIN_LAUNCH_INDEXED(batchnorm_normalize_kernel, s.batch * s.channels * s.inner, stream, x, stats, gamma,
+                         beta, y, s);
 }
 
 void batchnorm_backward_reduce(const float* gy, const float* x, const float* stats, double* grad_sums,
-                               float* ggamma, float* gbeta, BatchNormShape s, cudaStream_t stream) {
+                               float* ggamma, float* gbeta, BatchNormShape s, double* partials,
+                               cudaStream_t stream) {
   if (s.channels == 0) return;
-  batchnorm_backward_reduce_kernel<<<static_cast<unsigned>(s.channels), kThreads, 0, stream>>>(
-      gy, x, stats, grad_sums, ggamma, gbeta, s);
-  DPTRAIN_CUDA_CHECK_LAUNCH();
+  const int splits = batchnorm_splits(s);
+  batchnorm_partial_backward_kernel<<<batchnorm_grid(s), kThreads, 0, stream>>>(gy, x, stats, partials, s,
+                                                                                splits);
+  DPTRAIN_CUDA_CHECK_LAUNCH("batchnorm_partial_backward_kernel");
+  DPTRAIN_LAUNCH(batchnorm_finish_backward_kernel, s.channels, stream, partials, stats, grad_sums, ggamma,
+                 gbeta, s.channels, splits);
 }
 
 void batchnorm_backward_input(const float* gy, const float* x, const float* stats, const float* gamma,
                               const double* grad_sums, const double* sums, float* gx, BatchNormShape s,
                               cudaStream_t stream) {
-  DPTRAIN_LAUNCH(batchnorm_backward_input_kernel, s.batch * s.channels * s.inner, stream, gy, x, stats, gamma,
-                 grad_sums, sums, gx, s);
+  DPTRAIN_LAUNCH_INDEXED(batchnorm_backward_input_kernel, s.batch * s.channels * s.inner, stream, gy, x,
+                         stats, gamma, grad_sums, sums, gx, s);
 }
 
 void mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size, cudaStream_t stream) {
@@ -516,12 +668,13 @@ void mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size, c
   const int blocks =
       static_cast<int>(std::clamp<int64_t>((planes + warps_per_block - 1) / warps_per_block, 1, 132 * 32));
   mean_planes_kernel<<<blocks, kThreads, 0, stream>>>(x, y, planes, plane_size);
-  DPTRAIN_CUDA_CHECK_LAUNCH();
+  DPTRAIN_CUDA_CHECK_LAUNCH("mean_planes_kernel");
 }
 
 void mean_planes_backward(const float* gy, float* gx, int64_t planes, int64_t plane_size,
                           cudaStream_t stream) {
-  DPTRAIN_LAUNCH(mean_planes_backward_kernel, planes * plane_size, stream, gy, gx, planes, plane_size);
+  DPTRAIN_LAUNCH_INDEXED(mean_planes_backward_kernel, planes * plane_size, stream, gy, gx, planes,
+                         plane_size);
 }
 
 void activation(Activation f, const float* x, float* y, int64_t n, cudaStream_t stream) {
@@ -550,13 +703,13 @@ void softmax_cross_entropy(const float* logits, const int32_t* labels, float* pr
       static_cast<int>(std::clamp<int64_t>((batch + warps_per_block - 1) / warps_per_block, 1, 132 * 32));
   softmax_cross_entropy_kernel<<<blocks, kThreads, 0, stream>>>(logits, labels, probs, row_loss, batch,
                                                                 classes);
-  DPTRAIN_CUDA_CHECK_LAUNCH();
+  DPTRAIN_CUDA_CHECK_LAUNCH("softmax_cross_entropy_kernel");
 }
 
 void cross_entropy_backward(const float* probs, const int32_t* labels, const float* gloss, float* glogits,
                             int64_t batch, int64_t classes, cudaStream_t stream) {
-  DPTRAIN_LAUNCH(cross_entropy_backward_kernel, batch * classes, stream, probs, labels, gloss, glogits, batch,
-                 classes);
+  DPTRAIN_LAUNCH_INDEXED(cross_entropy_backward_kernel, batch * classes, stream, probs, labels, gloss,
+                         glogits, batch, classes);
 }
 
 void mse_backward(const float* prediction, const float* target, const float* gloss, float* gprediction,
@@ -569,13 +722,23 @@ void reduce_sum(const float* x, const float* t, int64_t n, double scale, double*
   const int blocks =
       static_cast<int>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, kReductionBlocks));
   partial_sums_kernel<<<blocks, kThreads, 0, stream>>>(x, t, n, partials);
-  DPTRAIN_CUDA_CHECK_LAUNCH();
+  DPTRAIN_CUDA_CHECK_LAUNCH("partial_sums_kernel");
   final_sum_kernel<<<1, kThreads, 0, stream>>>(partials, blocks, scale, out);
-  DPTRAIN_CUDA_CHECK_LAUNCH();
+  DPTRAIN_CUDA_CHECK_LAUNCH("final_sum_kernel");
 }
 
 void flag_non_finite(const float* x, int64_t n, int32_t* flag, cudaStream_t stream) {
   DPTRAIN_LAUNCH(flag_non_finite_kernel, n, stream, x, n, flag);
+}
+
+void mark_non_finite(const float* x, int64_t n, int32_t* flag, int32_t value, cudaStream_t stream) {
+  DPTRAIN_LAUNCH(mark_non_finite_kernel, n, stream, x, n, flag, value);
+}
+
+void count_correct(const float* logits, const int32_t* labels, int64_t batch, int64_t classes, float* out,
+                   cudaStream_t stream) {
+  count_correct_kernel<<<1, kThreads, 0, stream>>>(logits, labels, batch, classes, out);
+  DPTRAIN_CUDA_CHECK_LAUNCH("count_correct_kernel");
 }
 
 void sgd_step(float* params, const float* grads, float* momentum_buffer, int64_t n, const SgdStep& s,

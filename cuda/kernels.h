@@ -21,8 +21,11 @@ void add_device_scalar(const float* value, float* y, int64_t n, cudaStream_t str
 
 // y = x + bias[channel] (bias may be null: x), optionally then max(0, .); in place allowed (y == x).
 void add_bias(const float* x, const float* bias, float* y, BiasShape s, bool relu, cudaStream_t stream);
-// gbias[c] += sum of gy over outer and inner (a block per channel, a fixed order: deterministic).
-void bias_gradient(const float* gy, float* gbias, BiasShape s, cudaStream_t stream);
+// gbias[c] += sum of gy over outer and inner (fixed orders: deterministic). With inner 1 (a linear
+// layer's [batch, out]) a warp reads 32 neighbouring channels of a row at a time.
+// `partials` holds bias_gradient_partials(s) doubles.
+int64_t bias_gradient_partials(BiasShape s);
+void bias_gradient(const float* gy, float* gbias, BiasShape s, double* partials, cudaStream_t stream);
 // masked = y > 0 ? gy : 0 (a fused ReLU's backward).
 void relu_mask(const float* gy, const float* y, float* masked, int64_t n, cudaStream_t stream);
 
@@ -32,11 +35,14 @@ void maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& 
 void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx, const Pool2dGeometry& g,
                         cudaStream_t stream);
 
-// Batch normalisation in the buffers of BatchNormShape; per-channel sums are one block per channel
-// in double, fixed order (deterministic).
-void batchnorm_sums(const float* x, double* sums, BatchNormShape s, cudaStream_t stream);
+// Batch normalisation in the buffers of BatchNormShape. Per-channel sums are in double, each channel
+// cut by samples into batchnorm_splits(s) blocks (enough blocks to fill the GPU when the channels
+// are few: 64 channels of a ResNet's first layers would leave most SMs idle), whose partial sums a
+// second pass adds in a fixed order: deterministic. `partials` holds batchnorm_partials(s) doubles.
+int64_t batchnorm_partials(BatchNormShape s);
+void batchnorm_sums(const float* x, double* sums, BatchNormShape s, double* partials, cudaStream_t stream);
 void batchnorm_squares(const float* x, const double* sums, double* squares, BatchNormShape s,
-                       cudaStream_t stream);
+                       double* partials, cudaStream_t stream);
 void batchnorm_batch_stats(const double* sums, const double* squares, float* stats, float* running_mean,
                            float* running_var, int64_t channels, float eps, float momentum,
                            cudaStream_t stream);
@@ -45,7 +51,8 @@ void batchnorm_running_stats(const float* running_mean, const float* running_var
 void batchnorm_normalize(const float* x, const float* stats, const float* gamma, const float* beta, float* y,
                          BatchNormShape s, cudaStream_t stream);
 void batchnorm_backward_reduce(const float* gy, const float* x, const float* stats, double* grad_sums,
-                               float* ggamma, float* gbeta, BatchNormShape s, cudaStream_t stream);
+                               float* ggamma, float* gbeta, BatchNormShape s, double* partials,
+                               cudaStream_t stream);
 void batchnorm_backward_input(const float* gy, const float* x, const float* stats, const float* gamma,
                               const double* grad_sums, const double* sums, float* gx, BatchNormShape s,
                               cudaStream_t stream);
@@ -60,7 +67,8 @@ void dropout(const float* x, float* y, float* mask, int64_t n, float p, uint64_t
              cudaStream_t stream);
 void dropout_backward(const float* gy, const float* mask, float* gx, int64_t n, cudaStream_t stream);
 
-// probs = softmax(logits) by rows, row_loss[b] = -log probs[b, label[b]]; labels on the device.
+// probs = softmax(logits) by rows, row_loss[b] = -log probs[b, label[b]]; labels on the device. One
+// exponential per element: the exponentials are kept in probs, then scaled.
 void softmax_cross_entropy(const float* logits, const int32_t* labels, float* probs, float* row_loss,
                            int64_t batch, int64_t classes, cudaStream_t stream);
 void cross_entropy_backward(const float* probs, const int32_t* labels, const float* gloss, float* glogits,
@@ -77,6 +85,12 @@ void reduce_sum(const float* x, const float* t, int64_t n, double scale, double*
 
 // *flag = 1 if any element is Inf or NaN (flag untouched otherwise).
 void flag_non_finite(const float* x, int64_t n, int32_t* flag, cudaStream_t stream);
+// *flag = value if *flag is 0 and any element is Inf or NaN (the first marker wins).
+void mark_non_finite(const float* x, int64_t n, int32_t* flag, int32_t value, cudaStream_t stream);
+// out[0] = float(rows whose first largest logit is at their label); labels on the device. One block:
+// a batch's rows, each scanned by one thread.
+void count_correct(const float* logits, const int32_t* labels, int64_t batch, int64_t classes, float* out,
+                   cudaStream_t stream);
 
 // One fused update over flat device buffers of `n` floats (parameters, gradients, optimizer state
 // at the same offsets), with the formulas of core/update_rules.h that the CPU backend uses too.

@@ -1,6 +1,8 @@
 // NCCL set-up over the host communicator, the collectives on their own stream, and the watchdog.
 #include "cuda/nccl_communicator.h"
 
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -43,13 +45,39 @@ ncclDataType_t nccl_type(DataType type) {
   DPTRAIN_FAIL("NCCL has no plain 16-bit integer type; reduce uint16 data over the host communicator");
 }
 
-// A collective in flight: its completion event on the NCCL stream.
+// A collective in flight: its completion event on the NCCL stream. Its buffers belong to the compute
+// stream's memory pool, where a block released is reused in that stream's order: so the compute
+// stream waits for the collective once the work is gone, wait() or not (PyTorch's recordStream),
+// and no buffer it reads or writes goes back to the pool before it has finished.
 struct NcclWork final : distributed::PendingWork {
   cudaEvent_t done = nullptr;
+  cudaStream_t compute = nullptr;
   ~NcclWork() override {
-    if (done) cudaEventDestroy(done);  // released once complete, even if still pending now
+    if (!done) return;
+    cudaStreamWaitEvent(compute, done, 0);
+    cudaEventDestroy(done);  // released once complete, even if still pending now
   }
 };
+
+// NCCL refuses two ranks on one GPU with an error of its own ("Duplicate GPU detected"), and a
+// launcher that shows every rank a single GPU through CUDA_VISIBLE_DEVICES hides the sharing from
+// the device count (cuda/device.cpp): the GPUs' UUIDs, gathered over the host, tell.
+void check_one_gpu_per_rank(distributed::Communicator& host, int device) {
+  cudaDeviceProp properties{};
+  DPTRAIN_CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
+  constexpr std::size_t kUuid = sizeof properties.uuid.bytes;
+  std::array<uint8_t, kUuid> mine{};
+  std::memcpy(mine.data(), properties.uuid.bytes, kUuid);
+  std::vector<uint8_t> all(kUuid * static_cast<std::size_t>(host.size()));
+  host.allgather(std::span<const uint8_t>(mine), std::span<uint8_t>(all),
+                 "allgather of the ranks' GPU UUIDs");
+  for (int a = 0; a < host.size(); ++a)
+    for (int b = a + 1; b < host.size(); ++b)
+      DPTRAIN_CHECK(std::memcmp(&all[a * kUuid], &all[b * kUuid], kUuid) != 0, "ranks ", a, " and ", b,
+                    " would share one GPU (", properties.name,
+                    "), which NCCL refuses: give each rank a GPU of its own, or set distributed.backend to "
+                    "\"mpi\" to let ranks share GPUs");
+}
 
 }  // namespace
 
@@ -91,9 +119,17 @@ struct NcclWatchdog {
   [[noreturn]] void abort(const std::string& message) {
     std::fprintf(stderr, "dptrain: error on rank %d: %s\n", rank, message.c_str());
     std::fflush(stderr);
-    // Ending the process releases the GPU and its stuck kernels; ncclCommAbort from this thread
-    // would race the main thread inside NCCL, and it has been seen to hang (NVIDIA/nccl#829). An
-    // exit without MPI_Finalize makes mpirun stop the whole job.
+    // ncclCommAbort frees the communicator's resources and makes its stuck kernels return, but it
+    // has been seen to hang when another thread is inside NCCL (NVIDIA/nccl#829): it gets 10 s on a
+    // thread of its own, then the process ends regardless. An exit without MPI_Finalize makes
+    // mpirun stop the whole job.
+    auto aborted = std::make_shared<std::atomic<bool>>(false);
+    std::thread([c = comm, aborted] {
+      ncclCommAbort(c);
+      *aborted = true;
+    }).detach();
+    for (int waited_ms = 0; !*aborted && waited_ms < 10000; waited_ms += 10)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     std::_Exit(1);
   }
 
@@ -139,6 +175,7 @@ ncclUniqueId NcclCommunicator::new_unique_id() {
 NcclCommunicator::NcclCommunicator(distributed::Communicator& host, CudaBackend& backend,
                                    distributed::StallPolicy stall)
     : backend_(backend), host_(&host), rank_(host.rank()), size_(host.size()) {
+  check_one_gpu_per_rank(host, backend.device().index);
   ncclUniqueId id{};
   if (rank_ == 0) id = new_unique_id();
   host.broadcast(std::span<uint8_t>(reinterpret_cast<uint8_t*>(&id), sizeof id), 0,
@@ -185,6 +222,7 @@ distributed::Pending NcclCommunicator::launch(const std::string& what, Enqueue e
   DPTRAIN_CUDA_CHECK(cudaStreamWaitEvent(stream_, compute_ready_, 0));
   enqueue();
   auto work = std::make_shared<NcclWork>();
+  work->compute = backend_.compute_stream();
   DPTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&work->done, cudaEventDisableTiming));
   DPTRAIN_CUDA_CHECK(cudaEventRecord(work->done, stream_));
   watchdog_->add(work, what);

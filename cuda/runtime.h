@@ -10,9 +10,10 @@
 namespace dptrain::cuda {
 
 struct GpuOptions {
-  bool tf32 = false;           // cuda.tf32
-  bool deterministic = false;  // cuda.deterministic
-  bool share = false;          // several ranks may use one GPU (distributed.backend "mpi")
+  bool tf32 = false;             // cuda.tf32
+  bool deterministic = false;    // cuda.deterministic
+  bool cudnn_benchmark = false;  // cuda.cudnn_benchmark
+  bool share = false;            // several ranks may use one GPU (distributed.backend "mpi")
 };
 
 // Registers the CUDA backend of this rank's GPU (cuda/device.h: choose_device) and returns its

@@ -25,6 +25,8 @@ class AllreduceSync : public GradientSync {
     if (index == last_) reducer_.prepare(step_);
   }
   void finish_step() override { reducer_.finish(); }
+  const int32_t* update_skip_flag() const override { return reducer_.non_finite_flag(); }
+  void check_deferred() override { reducer_.check_non_finite_flag(); }
 
   double take_seconds_in_backward() override { return reducer_.take_times().in_backward_s; }
   int64_t payload_bytes(int64_t /*step*/) const override { return payload_bytes_; }

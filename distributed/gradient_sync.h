@@ -66,8 +66,15 @@ class GradientSync {
   virtual void before_backward(int64_t /*index*/) {}
   virtual void after_backward(int64_t /*index*/) {}
   // Leaves the average over every rank's micro-batches in the gradients, the same on every rank.
-  // Throws, naming the step and parameter, if an average is not finite (with check_finite).
+  // Throws, naming the step and parameter, if an average is not finite (with check_finite); on a
+  // GPU the check may be deferred (update_skip_flag, check_deferred).
   virtual void finish_step() = 0;
+  // A deferred finiteness check's flag: an int32 in the gradients' device memory that the optimizer
+  // reads (nonzero: the update is skipped), or null where finish_step checks at once.
+  virtual const int32_t* update_skip_flag() const { return nullptr; }
+  // Throws if a deferred check flagged a step; called where the host synchronizes anyway (a log
+  // line, a checkpoint, the end of an epoch).
+  virtual void check_deferred() {}
 
   // Seconds spent inside backward's hooks since the last call (communication, not compute).
   virtual double take_seconds_in_backward() { return 0; }

@@ -1,8 +1,10 @@
 // Bucketed, overlapped gradient averaging over the flat gradient buffer.
 #include "distributed/reducer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <limits>
 
 #include "core/backend.h"
 #include "core/error.h"
@@ -48,6 +50,11 @@ GradientReducer::GradientReducer(Communicator& comm, const FlatParameters& param
     labels_.push_back("allreduce of gradient bucket " + std::to_string(labels_.size()) + " (" +
                       std::to_string(bucket.numel) + " elements, first parameter " +
                       parameters_.parameters()[bucket.parameters.front()].name + ") at step ");
+  if (options_.check_finite && !parameters_.device().is_host()) {
+    non_finite_flag_ = make_storage(sizeof(int32_t), parameters_.device());
+    const int32_t zero = 0;
+    backend_.copy_from_host(non_finite_flag_->as<int32_t>(), &zero, sizeof zero);
+  }
   pending_.resize(buckets_.size());
   launched_.assign(buckets_.size(), false);
   ready_count_.assign(buckets_.size(), 0);
@@ -55,6 +62,25 @@ GradientReducer::GradientReducer(Communicator& comm, const FlatParameters& param
     for (std::size_t k = 0; k < count; ++k)
       hooks_.push_back(parameters_.parameters()[k].tensor.on_grad_ready([this, k] { on_gradient_ready(k); }));
   }
+}
+
+const int32_t* GradientReducer::non_finite_flag() const {
+  return non_finite_flag_ ? non_finite_flag_->as<int32_t>() : nullptr;
+}
+
+void GradientReducer::check_non_finite_flag() {
+  if (!non_finite_flag_) return;
+  int32_t flagged = 0;
+  backend_.copy_to_host(&flagged, non_finite_flag_->as<int32_t>(), sizeof flagged);
+  if (flagged == 0) return;
+  // The gradients now are the last step's: a parameter is named if they are still not finite.
+  std::string culprit;
+  for (std::size_t k = 0; k < parameters_.parameters().size() && culprit.empty(); ++k)
+    if (!backend_.all_finite(parameters_.grads().data_ptr() + parameters_.offset(k),
+                             parameters_.parameters()[k].tensor.numel()))
+      culprit = " (at step " + std::to_string(step_) + " still in " + parameters_.parameters()[k].name + ")";
+  DPTRAIN_FAIL("non-finite averaged gradient at step ", flagged - 1, culprit,
+               "; not applied, nor any update after it. Lower optimizer.lr", encoding_.overflow_hint);
 }
 
 std::vector<int64_t> GradientReducer::bucket_bytes() const {
@@ -149,8 +175,15 @@ void GradientReducer::finish() {
         encoding_.decode(backend_, wire_window(b), grads.data(), static_cast<int64_t>(grads.size()));
       }
     }
-    if (!options_.check_finite || backend_.all_finite(grads.data(), static_cast<int64_t>(grads.size())))
+    if (!options_.check_finite) continue;
+    if (non_finite_flag_) {  // a device: no wait here for a flag that is almost never set
+      const auto marker =
+          static_cast<int32_t>(std::min<int64_t>(step_ + 1, std::numeric_limits<int32_t>::max()));
+      backend_.mark_non_finite(grads.data(), static_cast<int64_t>(grads.size()),
+                               non_finite_flag_->as<int32_t>(), marker);
       continue;
+    }
+    if (backend_.all_finite(grads.data(), static_cast<int64_t>(grads.size()))) continue;
     // Name the culprit: the bucket's parameters one by one.
     for (std::size_t k : buckets_[b].parameters) {
       const float* g = parameters_.grads().data_ptr() + parameters_.offset(k);

@@ -59,8 +59,14 @@ class GradientReducer {
   // Arms the hooks for the next backward pass (the last one of a step); `step` labels messages.
   void prepare(int64_t step);
   // Reduces the buckets backward did not launch, waits for all, leaves the averages in the
-  // gradients. Throws if an average is not finite (naming the step, bucket and parameter).
+  // gradients. Throws if an average is not finite (naming the step, bucket and parameter); on a GPU
+  // the check does not wait: it flags the step on the device (non_finite_flag), and
+  // check_non_finite_flag() throws later, where the host synchronizes anyway.
   void finish();
+  // An int32 in the gradients' device memory: 0, or 1 + the first step whose average was not finite.
+  // The optimizer skips its update while it is set. Null on the host or without check_finite.
+  const int32_t* non_finite_flag() const;
+  void check_non_finite_flag();
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   std::vector<int64_t> bucket_bytes() const;  // of the fp32 gradients, in launch order
@@ -84,6 +90,7 @@ class GradientReducer {
   std::vector<std::size_t> bucket_of_;  // parameter index -> bucket
   std::vector<std::string> labels_;     // "allreduce of gradient bucket 3 (...) at step "
   StoragePtr wire_;                     // a compressing encoding's buffer, the gradient buffer's layout
+  StoragePtr non_finite_flag_;          // one int32 (non_finite_flag) on a device
   std::vector<Pending> pending_;        // per bucket
   std::vector<bool> launched_;
   std::vector<std::size_t> ready_count_;

@@ -48,7 +48,8 @@ void Sgd::update(float lr) {
                   .dampening = options_.dampening,
                   .weight_decay = options_.weight_decay,
                   .nesterov = options_.nesterov,
-                  .first_step = steps_ == 1};
+                  .first_step = steps_ == 1,
+                  .skip_if_set = skip_flag_};
   backend_.sgd_step(parameters_.values().data_ptr(), parameters_.grads().data_ptr(),
                     options_.momentum != 0.0f ? slot_ptr(0) : nullptr, parameters_.size(), s);
 }
@@ -72,7 +73,8 @@ void Adam::update(float lr) {
                    .decay = o.decoupled_weight_decay
                                 ? static_cast<float>(1.0 - static_cast<double>(lr) * o.weight_decay)
                                 : 1.0f,
-                   .l2 = o.decoupled_weight_decay ? 0.0f : o.weight_decay};
+                   .l2 = o.decoupled_weight_decay ? 0.0f : o.weight_decay,
+                   .skip_if_set = skip_flag_};
   backend_.adam_step(parameters_.values().data_ptr(), parameters_.grads().data_ptr(), slot_ptr(0),
                      slot_ptr(1), parameters_.size(), s);
 }

@@ -26,6 +26,9 @@ class Optimizer {
   int64_t steps_taken() const { return steps_; }
   // Restores the step counter after the state was overwritten in place (resume, broadcast).
   void set_steps_taken(int64_t steps) { steps_ = steps; }
+  // An int32 in the parameters' memory: while it is nonzero the updates do nothing (a deferred
+  // finiteness check flagged a step: GradientSync::update_skip_flag). Null: always update.
+  void skip_updates_while_set(const int32_t* flag) { skip_flag_ = flag; }
 
   const std::vector<NamedTensor>& parameters() const { return parameters_.parameters(); }
   // Every state tensor, named "<parameter>.<slot>" (e.g. "0.weight.exp_avg"), slot after slot; with
@@ -46,6 +49,7 @@ class Optimizer {
   const FlatParameters& parameters_;
   Backend& backend_;
   int64_t steps_ = 0;  // updates taken so far, as PyTorch's per-parameter "step"
+  const int32_t* skip_flag_ = nullptr;
 
  private:
   std::vector<std::string> slot_names_;

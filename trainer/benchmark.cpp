@@ -22,6 +22,7 @@ BenchmarkResult Trainer::benchmark(const BenchmarkOptions& options) {
   };
   StepTotals warmup, timed;
   for (int64_t i = 0; i < options.warmup_steps; ++i) next_step(warmup);
+  flush_metrics(warmup);
   BenchmarkResult result;
   const std::size_t allocations_before = storage_stats().fresh_allocations;
   double timed_seconds = 0;
@@ -30,6 +31,7 @@ BenchmarkResult Trainer::benchmark(const BenchmarkOptions& options) {
     const auto start = std::chrono::steady_clock::now();
     const int64_t samples_before = timed.samples;
     for (int64_t i = 0; i < options.timed_steps; ++i) next_step(timed);
+    flush_metrics(timed);  // waits for the device: its queued work belongs to these steps
     comm_->barrier("barrier after the timed steps");  // the slowest rank sets the time
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     timed_seconds += seconds;

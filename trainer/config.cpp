@@ -164,6 +164,9 @@ void declare_top(Top t) {
   cuda.field("tf32", &CudaConfig::tf32, false, Any{}, "TF32 tensor cores for fp32 GEMMs and convolutions.");
   cuda.field("deterministic", &CudaConfig::deterministic, false, Any{},
              "Only cuDNN algorithms with run-to-run identical results.");
+  cuda.field("cudnn_benchmark", &CudaConfig::cudnn_benchmark, false, Any{},
+             "Time cuDNN's algorithms once per convolution shape and take the fastest "
+             "(torch.backends.cudnn.benchmark); off: cuDNN's heuristics rank them.");
 }
 
 void declare_data(SectionBuilder<Config, DataConfig> d) {
@@ -314,8 +317,9 @@ void declare_distributed(SectionBuilder<Config, DistributedConfig> d) {
           "Compress a tensor only if its factors are this many times smaller.");
   d.field("stall_warning_s", &D::stall_warning_s, 60.0, Range{0.0, 1e9},
           "Warn about a collective this late; 0: off.");
-  d.field("stall_abort_s", &D::stall_abort_s, 0.0, Range{0.0, 1e9},
-          "Abort on a collective this late; 0: never.");
+  d.field("stall_abort_s", &D::stall_abort_s, kStallAbortAuto, Range{kStallAbortAuto, 1e9},
+          "Abort on a collective this late; 0: never; -1: 600 s under NCCL (PyTorch's timeout), never "
+          "under MPI.");
   d.field("timeline", &D::timeline, "", Any{},
           "Chrome-trace JSON of every rank, written by rank 0; \"\": off.");
 }

@@ -84,12 +84,17 @@ struct OptimizerConfig {
 };
 
 struct CudaConfig {
-  bool tf32{};           // TF32 tensor cores for fp32 GEMMs and convolutions
-  bool deterministic{};  // only cuDNN algorithms with run-to-run identical results
+  bool tf32{};             // TF32 tensor cores for fp32 GEMMs and convolutions
+  bool deterministic{};    // only cuDNN algorithms with run-to-run identical results
+  bool cudnn_benchmark{};  // algorithms ranked by timing them (cudnnFind) rather than by heuristics
 };
+
+// distributed.stall_abort_s's default: decided by the communicator (stall_abort_seconds).
+inline constexpr double kStallAbortAuto = -1.0;
 
 struct DistributedConfig {
   CommBackend backend{};
+
   double fusion_threshold_mb{};
   double first_bucket_mb{};
   bool overlap{};
@@ -110,9 +115,17 @@ struct DistributedConfig {
     double min_compression_rate{};
   } powersgd;
   double stall_warning_s{};
-  double stall_abort_s{};  // 0: never
+  double stall_abort_s{};  // 0: never; kStallAbortAuto: by backend (stall_abort_seconds)
   std::string timeline;    // Chrome-trace JSON written here (by rank 0, all ranks' tracks); "" = off
 };
+
+// The stall abort in seconds for a communicator: the configured one, or by default 600 s for NCCL
+// (a dead peer otherwise hangs its GPU collectives forever; PyTorch's NCCL timeout is 10 minutes)
+// and none for MPI (whose collectives cannot be cancelled; the warnings name the wait).
+inline double stall_abort_seconds(const DistributedConfig& d, bool nccl) {
+  if (d.stall_abort_s != kStallAbortAuto) return d.stall_abort_s;
+  return nccl ? 600.0 : 0.0;
+}
 
 struct TrainingConfig {
   int64_t epochs{};

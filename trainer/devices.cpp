@@ -17,6 +17,7 @@ Device choose_run_device(const Config& config, const distributed::World& world) 
   return cuda::use_gpu(world.local_rank(), world.local_size(),
                        {.tf32 = config.cuda.tf32,
                         .deterministic = config.cuda.deterministic,
+                        .cudnn_benchmark = config.cuda.cudnn_benchmark,
                         .share = config.distributed.backend == CommBackend::kMpi});
 #else
   (void)world;
@@ -34,9 +35,9 @@ std::unique_ptr<distributed::Communicator> make_device_communicator(const Config
   if (config.distributed.backend == CommBackend::kMpi)
     return std::make_unique<distributed::StagedCommunicator>(host, device);
 #if defined(DPTRAIN_WITH_CUDA)
-  return cuda::make_nccl_communicator(
-      host, device,
-      {.warning_s = config.distributed.stall_warning_s, .abort_s = config.distributed.stall_abort_s});
+  return cuda::make_nccl_communicator(host, device,
+                                      {.warning_s = config.distributed.stall_warning_s,
+                                       .abort_s = stall_abort_seconds(config.distributed, /*nccl=*/true)});
 #else
   DPTRAIN_FAIL("no communicator for ", device.str(), " in this build");
 #endif

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <optional>
 
+#include "core/backend.h"
 #include "core/error.h"
 #include "distributed/world.h"
 #include "trainer/config.h"
@@ -65,6 +66,10 @@ int main(int argc, char** argv) {
   if (const auto status = exit_without_config(app, config_path, reference_format)) return *status;
 
   distributed::World world(&argc, &argv);
+  // Before MPI is finalized and main() returns: a GPU's cached memory is freed while it is counted.
+  struct ReleaseCaches {
+    ~ReleaseCaches() { release_backend_caches(); }
+  } release_caches;
   try {
     // Rank 0 reads, overrides and validates; every rank then parses rank 0's document.
     std::string document;

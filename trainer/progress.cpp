@@ -70,6 +70,14 @@ void Progress::begin_epoch(int64_t epoch, int64_t epochs, int64_t steps) {
   steps_ = steps;
 }
 
+bool Progress::due(int64_t step) const {
+  const int64_t done = step + 1;
+  if (mode_ == ProgressMode::kBar)
+    return done == steps_ || std::chrono::steady_clock::now() - last_draw_ >= std::chrono::milliseconds(100);
+  if (mode_ == ProgressMode::kLines) return done % log_every_steps_ == 0 || done == steps_;
+  return false;
+}
+
 void Progress::update(int64_t step, double loss, double accuracy, double samples_per_sec) {
   const int64_t done = step + 1;
   if (mode_ == ProgressMode::kBar) {

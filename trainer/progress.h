@@ -20,6 +20,9 @@ class Progress {
   // `enabled`: this rank reports (rank 0); the others print nothing.
   Progress(bool enabled, ProgressMode mode, int64_t log_every_steps);
   void begin_epoch(int64_t epoch, int64_t epochs, int64_t steps);
+  // Whether update() after `step` would show something: the bar's next frame is due (every 100 ms,
+  // and at the epoch's last step) or a log line is. The trainer reads the metrics only then.
+  bool due(int64_t step) const;
   // Running means over the epoch so far; accuracy < 0 means "not a classifier" and is not shown.
   void update(int64_t step, double loss, double accuracy, double samples_per_sec);
   void end_epoch();

@@ -57,6 +57,8 @@ void Trainer::init_from(const std::string& path) {
 
 // Every rank calls it: the gradient sync's state may need a collective.
 void Trainer::save_checkpoint() {
+  // A checkpoint never holds steps whose updates a deferred gradient check skipped.
+  gradient_sync_->check_deferred();
   std::vector<NamedTensor> training_state = optimizer_->state();
   for (NamedTensor& t : gradient_sync_->checkpoint_state()) training_state.push_back(std::move(t));
   const Json sampler = {{"seed", config_.seed},

@@ -192,7 +192,7 @@ Trainer::Trainer(const Config& config, const distributed::World& world)
       device_(choose_run_device(config, world)),
       comm_(std::make_unique<distributed::MpiCommunicator>(
           world, distributed::StallPolicy{.warning_s = config.distributed.stall_warning_s,
-                                          .abort_s = config.distributed.stall_abort_s})),
+                                          .abort_s = stall_abort_seconds(config.distributed, false)})),
       device_comm_(make_device_communicator(config, device_, *comm_)),
       state_comm_(device_comm_ ? device_comm_.get() : comm_.get()),
       model_(build_model(config.model, config.seed)),
@@ -233,6 +233,9 @@ Trainer::Trainer(const Config& config, const distributed::World& world)
                                                                  .host_comm = *comm_,
                                                                  .parameters = *parameters_,
                                                                  .options = gradient_sync_options(config)});
+  // On a GPU the gradient check flags a step on the device, and the update reads the flag there.
+  optimizer_->skip_updates_while_set(gradient_sync_->update_skip_flag());
+  train_metrics_ = std::make_unique<StepMetrics>(device_, config.model.loss == LossKind::kCrossEntropy);
 }
 
 Trainer::~Trainer() = default;
@@ -320,14 +323,20 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
   for (; step < steps && !step_limit_reached() && !stop_.any(); ++step) {
     fault_.before_step(world_.rank(), position_.global_step);
     train_step(epoch, step, totals);
-    progress_.update(
-        step, totals.loss_sum.value() / totals.samples,
-        config_.model.loss == LossKind::kMse ? -1.0 : static_cast<double>(totals.correct) / totals.samples,
-        totals.samples * world_.size() / seconds_since(start));
+    // The metrics are read from the device only when shown, every log_every_steps on every rank (so
+    // that a deferred gradient check stops all ranks at one step), and at the end.
+    if ((step + 1) % config_.training.log_every_steps == 0 || progress_.due(step)) {
+      flush_metrics(totals);
+      progress_.update(
+          step, totals.loss_sum.value() / totals.samples,
+          config_.model.loss == LossKind::kMse ? -1.0 : static_cast<double>(totals.correct) / totals.samples,
+          totals.samples * world_.size() / seconds_since(start));
+    }
     stop_ = agree_on_stop();
     const bool epoch_ends = step + 1 == steps || step_limit_reached() || stop_.any();
     if (!epoch_ends && checkpoints_.due_after_step(position_.global_step)) save_checkpoint();
   }
+  flush_metrics(totals);  // the device's work is done from here: the epoch's time includes it
   progress_.end_epoch();
   report_bad_samples(*train_loader_, "epoch " + std::to_string(epoch));
   if (step == steps) {
@@ -388,6 +397,7 @@ Evaluation Trainer::evaluate() {
   const bool mse = config_.model.loss == LossKind::kMse;
   distributed::ExactScalarSum loss_sum;
   int64_t correct = 0;
+  StepMetrics metrics(device_, !mse);
   test_indices_.resize(static_cast<std::size_t>(n));
   std::iota(test_indices_.begin(), test_indices_.end(), 0);
   std::vector<std::span<const int64_t>> batches;
@@ -397,13 +407,11 @@ Evaluation Trainer::evaluate() {
                                    static_cast<std::size_t>(std::min(end, first + chunk) - first)));
   test_loader_->start(0, batches);
   for (const std::span<const int64_t> indices : batches) {
-    const int64_t first = indices.front(), last = indices.back() + 1;
     load_batch(*test_loader_, indices);
     const Tensor output = model_->forward(batch_.inputs);
-    const Tensor loss = loss_of(output);
-    loss_sum.add(static_cast<double>(loss.item()) * static_cast<double>(last - first));
-    if (!mse) correct += count_correct(output, batch_.labels);
+    metrics.add(loss_of(output), output, batch_.labels, loss_sum, correct);
   }
+  metrics.flush(loss_sum, correct);
   report_bad_samples(*test_loader_, "evaluation");
   loss_sum.allreduce(*comm_, "allreduce of the evaluation loss");
   comm_->allreduce(std::span<int64_t>(&correct, 1), distributed::ReduceOp::kSum,

@@ -137,25 +137,18 @@ Tensor Trainer::loss_of(const Tensor& output) const {
                                               : ops::cross_entropy(output, batch_.labels);
 }
 
-int64_t Trainer::count_correct(const Tensor& logits, std::span<const int32_t> labels) {
-  const std::vector<float> values = logits.to_vector();
-  const int64_t classes = logits.dim(1);
-  int64_t correct = 0;
-  for (std::size_t b = 0; b < labels.size(); ++b) {
-    const float* row = values.data() + b * classes;
-    correct += (std::max_element(row, row + classes) - row) == labels[b];
-  }
-  return correct;
+void Trainer::count_batch(const Tensor& output, const Tensor& loss, StepTotals& totals) {
+  train_metrics_->add(loss, output, batch_.labels, totals.loss_sum, totals.correct);
+  totals.samples += output.dim(0);
 }
 
-void Trainer::count_batch(const Tensor& output, const Tensor& loss, StepTotals& totals) const {
-  const int64_t n = output.dim(0);
-  totals.loss_sum.add(static_cast<double>(loss.item()) * static_cast<double>(n));
-  if (config_.model.loss == LossKind::kCrossEntropy) totals.correct += count_correct(output, batch_.labels);
-  totals.samples += n;
+void Trainer::flush_metrics(StepTotals& totals) {
+  train_metrics_->flush(totals.loss_sum, totals.correct);
+  gradient_sync_->check_deferred();
 }
 
-// The loader's batch copied into tensors, then to the run's device. Host buffers come from the
+// The loader's batch copied into tensors of the run's device: on a GPU straight from the loader's
+// slot (one copy into pinned staging, then an asynchronous upload). Host buffers come from the
 // storage cache, so steady-state steps do not allocate.
 void Trainer::load_batch(data::BatchLoader& loader, std::span<const int64_t> indices) {
   const data::BatchView batch = loader.take();
@@ -165,13 +158,17 @@ void Trainer::load_batch(data::BatchLoader& loader, std::span<const int64_t> ind
   Shape shape{n};
   const Shape& sample = loader.dataset().sample_shape();
   shape.insert(shape.end(), sample.begin(), sample.end());
-  Tensor inputs = Tensor::empty(shape);
-  std::copy(batch.inputs.begin(), batch.inputs.end(), inputs.data());
   batch_.labels.assign(batch.labels.begin(), batch.labels.end());
-  Tensor targets = width > 0 ? Tensor::empty({n, width}) : Tensor();
-  if (width > 0) std::copy(batch.targets.begin(), batch.targets.end(), targets.data());
-  batch_.inputs = inputs.to(device_);
-  batch_.targets = width > 0 ? targets.to(device_) : Tensor();
+  const auto to_tensor = [&](Shape tensor_shape, std::span<const float> values) {
+    Tensor t = Tensor::empty(std::move(tensor_shape), device_);
+    if (device_.is_host())
+      std::copy(values.begin(), values.end(), t.data());
+    else
+      backend_for(device_).copy_from_host(t.data_ptr(), values.data(), values.size_bytes());
+    return t;
+  };
+  batch_.inputs = to_tensor(shape, batch.inputs);
+  batch_.targets = width > 0 ? to_tensor({n, width}, batch.targets) : Tensor();
 }
 
 // Each rank reports its own: which files are bad differs with the shard a rank reads.

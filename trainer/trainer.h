@@ -25,6 +25,7 @@
 #include "trainer/progress.h"
 #include "trainer/report.h"
 #include "trainer/run_types.h"
+#include "trainer/step_metrics.h"
 #include "trainer/stop_signals.h"
 
 namespace dptrain::trainer {
@@ -85,9 +86,12 @@ class Trainer {
   const StepPlan& plan_step(int64_t step);
   std::vector<std::span<const int64_t>> micro_batches_of(std::span<const int64_t> batch) const;
   Tensor loss_of(const Tensor& output) const;  // model.loss on the current batch
-  static int64_t count_correct(const Tensor& logits, std::span<const int32_t> labels);
-  // The loss and correct predictions of a forward pass, added to `totals`.
-  void count_batch(const Tensor& output, const Tensor& loss, StepTotals& totals) const;
+  // The loss and correct predictions of a forward pass, bound for `totals` (StepMetrics: read at the
+  // next flush_metrics).
+  void count_batch(const Tensor& output, const Tensor& loss, StepTotals& totals);
+  // Brings `totals` up to date with the batches counted so far and throws if a deferred gradient
+  // check flagged a step: where the host waits for the device anyway (a log line, an epoch's end).
+  void flush_metrics(StepTotals& totals);
   Evaluation evaluate();
   // Whether BatchNorm buffers are rank 0's on every rank (broadcast before each step and evaluation).
   bool buffers_follow_rank0() const;
@@ -125,6 +129,7 @@ class Trainer {
   // Sampler batches per optimizer step: backward_passes_per_step, or 1 in deterministic mode, whose
   // sampler batch is the whole step's (cut into micro-batches).
   int64_t batches_per_step_;
+  std::unique_ptr<StepMetrics> train_metrics_;  // per-batch loss and accuracy, read in batches
   std::unique_ptr<FlatParameters> parameters_;
   // BatchNorm's running statistics and counters in one flat buffer (its gradient half goes unused),
   // so broadcasting them is one collective.

@@ -10,6 +10,7 @@
 #include <bit>
 #include <cstdint>
 
+#include "core/activation_rules.h"
 #include "core/cpu/conv_direct.h"
 #include "core/cpu/eigen.h"
 #include "core/cpu/kernels.h"
@@ -194,7 +195,7 @@ void conv2d(const float* x, const float* w, const float* bias, float* y, const C
     float* to = y + (sample * O + o) * P;
     const float add = bias ? bias[o] : 0.0f;
     if (g.fuse_relu) {
-      for (int64_t p = 0; p < P; ++p) to[p] = std::max(sums[p] + add, 0.0f);
+      for (int64_t p = 0; p < P; ++p) to[p] = relu_of(sums[p] + add);
     } else {
       for (int64_t p = 0; p < P; ++p) to[p] = sums[p] + add;
     }
@@ -229,7 +230,7 @@ void conv2d_relu_maxpool(const float* x, const float* w, const float* bias, floa
   // Bias and ReLU in place (the same arithmetic as conv2d's), then the plane's pooling.
   forward_with(g, x, w, [&](int64_t sample, int64_t o, float* plane) {
     const float add = bias ? bias[o] : 0.0f;
-    for (int64_t p = 0; p < P; ++p) plane[p] = std::max(plane[p] + add, 0.0f);
+    for (int64_t p = 0; p < P; ++p) plane[p] = relu_of(plane[p] + add);
     const int64_t at = (sample * O + o) * pooled;
     maxpool2d_plane(plane, y + at, argmax ? argmax + at : nullptr, geometry.pool);
   });

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/activation_rules.h"
 #include "core/cpu/kernels.h"
 #include "core/rng.h"
 
@@ -86,7 +87,7 @@ inline uint32_t not_finite(float v) {
 void activation(Activation f, const float* x, float* y, int64_t n) {
   switch (f) {
     case Activation::kRelu:
-      return pointwise(x, y, n, [](float v) { return v > 0.0f ? v : 0.0f; });
+      return pointwise(x, y, n, [](float v) { return relu_of(v); });
     case Activation::kTanh:
       return pointwise(x, y, n, [](float v) { return std::tanh(v); });
     case Activation::kSigmoid:
@@ -193,6 +194,7 @@ bool all_finite(const float* x, int64_t n) {
 void sgd_step(float* __restrict params, const float* __restrict grads, float* __restrict momentum_buffer,
               int64_t n, const SgdStep& step) {
   const SgdStep s = step;
+  if (s.skip_if_set != nullptr && *s.skip_if_set != 0) return;
   if (s.momentum == 0.0f) {
     float unused = 0.0f;
     for (int64_t i = 0; i < n; ++i) sgd_update(params[i], grads[i], unused, s);
@@ -204,6 +206,7 @@ void sgd_step(float* __restrict params, const float* __restrict grads, float* __
 void adam_step(float* __restrict params, const float* __restrict grads, float* __restrict exp_avg,
                float* __restrict exp_avg_sq, int64_t n, const AdamStep& step) {
   const AdamStep s = step;
+  if (s.skip_if_set != nullptr && *s.skip_if_set != 0) return;
   for (int64_t i = 0; i < n; ++i) adam_update(params[i], grads[i], exp_avg[i], exp_avg_sq[i], s);
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/activation_rules.h"
 #include "core/rng.h"
 
 namespace dptrain::reference {
@@ -297,7 +298,7 @@ void ReferenceBackend::activation(Activation f, const float* x, float* y, int64_
     const double v = x[i];
     switch (f) {
       case Activation::kRelu:
-        y[i] = v > 0 ? x[i] : 0.0f;
+        y[i] = relu_of(x[i]);
         break;
       case Activation::kTanh:
         y[i] = round_to_float(std::tanh(v));
@@ -421,6 +422,7 @@ bool ReferenceBackend::all_finite(const float* x, int64_t n) {
 // The update rules in double, rounded once per stored value: the optimizers' reference.
 void ReferenceBackend::sgd_step(float* params, const float* grads, float* momentum_buffer, int64_t n,
                                 const SgdStep& s) {
+  if (s.skip_if_set != nullptr && *s.skip_if_set != 0) return;
   for (int64_t i = 0; i < n; ++i) {
     const double d = static_cast<double>(grads[i]) + static_cast<double>(s.weight_decay) * params[i];
     double step = d;
@@ -436,6 +438,7 @@ void ReferenceBackend::sgd_step(float* params, const float* grads, float* moment
 
 void ReferenceBackend::adam_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
                                  int64_t n, const AdamStep& s) {
+  if (s.skip_if_set != nullptr && *s.skip_if_set != 0) return;
   for (int64_t i = 0; i < n; ++i) {
     const double p = static_cast<double>(params[i]) * s.decay;
     const double g = grads[i] + static_cast<double>(s.l2) * p;

@@ -33,6 +33,7 @@
 #include "core/ops.h"
 #include "core/parameters.h"
 #include "core/rng.h"
+#include "core/storage.h"
 #include "optim/optimizer.h"
 #include "tests/test_util.h"
 #if defined(DPTRAIN_WITH_CUDA)
@@ -99,6 +100,19 @@ using test_util::bitwise_equal;
 // Passes when bitwise equal for tolerance 0, else when the error is within it (NaN fails).
 bool within(const std::vector<float>& a, const std::vector<float>& b, double tolerance) {
   return tolerance == 0 ? bitwise_equal(a, b) : error_of(a, b) <= tolerance;
+}
+
+// For sums that meet Inf in an order of their own (cuDNN's): the same elements are non-finite in
+// both (Inf + -Inf is NaN in one order and Inf in none, so which of the two is not compared), and the
+// finite rest is within the tolerance.
+bool within_where_finite(const std::vector<float>& a, const std::vector<float>& b, double tolerance) {
+  if (a.size() != b.size()) return false;
+  std::vector<float> finite_a, finite_b;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::isfinite(a[i]) != std::isfinite(b[i])) return false;
+    if (std::isfinite(a[i])) finite_a.push_back(a[i]), finite_b.push_back(b[i]);
+  }
+  return within(finite_a, finite_b, tolerance);
 }
 
 // ---- the table that is printed at the end ----
@@ -456,7 +470,8 @@ INSTANTIATE_TEST_SUITE_P(Table, Ops, ::testing::ValuesIn(cases()), [](const auto
 // The fused op is the three ops it replaces, bit for bit, on the host backends (the reference's is
 // the default composition, the CPU's its own chunked kernel): outputs and each input's gradient,
 // also with Inf in the upstream gradient (dropped where ReLU's mask is 0, as the separate kernels
-// drop it). On a GPU cuDNN may pick algorithms that add in a varying order: there, within kGemm.
+// drop it). On a GPU cuDNN may pick algorithms that add in a varying order: there, within kGemm, and
+// with Inf upstream the same elements non-finite.
 TEST(Fused, ConvReluMaxpoolIsItsPartsBitwise) {
   std::vector<Device> devices = devices_under_test();
   devices.push_back(Device::reference());
@@ -467,7 +482,6 @@ TEST(Fused, ConvReluMaxpoolIsItsPartsBitwise) {
     for (const ConvPool& v : conv_pool_cases())
       for (const bool poisoned : {false, true}) {
         const bool gpu = device.type == DeviceType::kCuda;
-        if (gpu && poisoned) continue;  // non-finite sums in a varying order: NaN or Inf
         const auto poison = poisoned ? std::function<void(std::vector<float>&)>(infinities) : nullptr;
         const Outcome fused =
             run_case({"fused", v.describe(), v.inputs(), [v](const auto& t) { return v.fused(t); }, 0},
@@ -476,14 +490,48 @@ TEST(Fused, ConvReluMaxpoolIsItsPartsBitwise) {
             run_case({"parts", v.describe(), v.inputs(), [v](const auto& t) { return v.parts(t); }, 0},
                      device, poison);
         const double tolerance = gpu ? kGemm : kExact;
+        const auto agree = [&](const std::vector<float>& a, const std::vector<float>& b) {
+          return gpu && poisoned ? within_where_finite(a, b, tolerance) : within(a, b, tolerance);
+        };
         const std::string what = device.str() + " " + v.describe() + (poisoned ? ", Inf upstream" : "");
-        EXPECT_TRUE(within(fused.output, parts.output, tolerance)) << what << ": output";
+        EXPECT_TRUE(agree(fused.output, parts.output)) << what << ": output";
         ASSERT_EQ(fused.gradients_twice.size(), parts.gradients_twice.size());
         for (std::size_t k = 0; k < fused.gradients_twice.size(); ++k)
-          EXPECT_TRUE(within(fused.gradients_twice[k], parts.gradients_twice[k], tolerance))
+          EXPECT_TRUE(agree(fused.gradients_twice[k], parts.gradients_twice[k]))
               << what << ": gradient of input " << k << " differs by "
               << error_of(fused.gradients_twice[k], parts.gradients_twice[k]);
       }
+}
+
+// ReLU keeps NaN on every backend, standalone and as a convolution's epilogue (torch.relu does): a
+// diverging run must reach the finiteness check, not be clipped to 0 on one device only.
+TEST(Relu, NanPassesThroughOnEveryBackend) {
+  std::vector<Device> devices = devices_under_test();
+  devices.push_back(Device::reference());
+  const std::vector<float> values = {NAN, -1.0f, 2.0f, -0.0f, INFINITY, -INFINITY};
+  const std::vector<float> expected = {NAN, 0.0f, 2.0f, 0.0f, INFINITY, 0.0f};
+  const auto n = static_cast<int64_t>(values.size());
+  for (const Device device : devices) {
+    const Tensor x = Tensor::from_data({1, 1, 1, n}, values).to(device);
+    const Tensor one = Tensor::from_data({1, 1, 1, 1}, std::vector<float>{1.0f}).to(device);
+    const Tensor zero = Tensor::from_data({1}, std::vector<float>{0.0f}).to(device);
+    Tensor activated = Tensor::zeros({1, 1, 1, n}, device), convolved = Tensor::zeros({1, 1, 1, n}, device);
+    Backend& backend = backend_for(device);
+    backend.activation(Activation::kRelu, x.data_ptr(), activated.data_ptr(), n);
+    // A 1x1 convolution with weight 1 and bias 0, ReLU fused: the identity, then the epilogue.
+    const Conv2dGeometry g{1, 1, 1, n, 1, 1, 1, 1, n, 1, 0, /*fuse_relu=*/true};
+    backend.conv2d(x.data_ptr(), one.data_ptr(), zero.data_ptr(), convolved.data_ptr(), g);
+    // NaN payloads may differ (a GPU's arithmetic makes the canonical NaN): NaN must stay NaN.
+    const auto same = [&](const Tensor& t) {
+      const std::vector<float> got = t.to(Device::cpu()).to_vector();
+      for (std::size_t i = 0; i < got.size(); ++i)
+        if (std::isnan(expected[i]) ? !std::isnan(got[i]) : !bitwise_equal({&got[i], 1}, {&expected[i], 1}))
+          return false;
+      return true;
+    };
+    EXPECT_TRUE(same(activated)) << device.str() << ": activation";
+    EXPECT_TRUE(same(convolved)) << device.str() << ": conv2d epilogue";
+  }
 }
 
 // ---- casts and the finiteness check: bitwise ----
@@ -539,6 +587,86 @@ TEST(Casts, AllFiniteAgreesWithTheReference) {
       EXPECT_EQ(backend_for(device).all_finite(x.to(device).data_ptr(), x.numel()), expected) << poison;
       EXPECT_EQ(expected, poison == 0.0f);
     }
+}
+
+// ---- the metric and flag ops a GPU runs without the host waiting: exact ----
+
+// Correct predictions as std::max_element counts them: the first largest wins a tie, and a NaN wins
+// only where it comes first.
+TEST(Metrics, CountCorrectIsMaxElementsCount) {
+  constexpr int64_t kRows = 37, kClasses = 10;
+  std::vector<float> logits = test_util::uniform_values(kRows * kClasses, 41);
+  std::vector<int32_t> labels(kRows);
+  for (int64_t b = 0; b < kRows; ++b) labels[b] = static_cast<int32_t>((b * 7) % kClasses);
+  logits[0 * kClasses + 3] = logits[0 * kClasses + 5] = 9.0f;  // a tie: class 3
+  labels[0] = 3;
+  logits[1 * kClasses + 3] = logits[1 * kClasses + 5] = 9.0f;  // the same tie, labelled 5: wrong
+  labels[1] = 5;
+  logits[2 * kClasses + 4] = NAN;  // a NaN inside: never the largest
+  logits[2 * kClasses + 6] = 9.0f;
+  labels[2] = 6;
+  logits[3 * kClasses + 0] = NAN;  // a NaN first: nothing compares larger
+  labels[3] = 0;
+  for (int64_t b = 4; b < kRows; b += 3) logits[b * kClasses + labels[b]] = 9.0f;  // some right
+  int64_t expected = 0;
+  for (int64_t b = 0; b < kRows; ++b) {
+    const float* row = logits.data() + b * kClasses;
+    expected += (std::max_element(row, row + kClasses) - row) == labels[b];
+  }
+  EXPECT_GE(expected, 14);
+  std::vector<Device> devices = devices_under_test();
+  devices.push_back(Device::reference());
+  for (const Device device : devices) {
+    const Tensor x = Tensor::from_data({kRows, kClasses}, logits).to(device);
+    const Tensor out = Tensor::zeros({1}, device);
+    backend_for(device).count_correct(x.data_ptr(), labels, kClasses, out.data_ptr());
+    EXPECT_EQ(out.to_vector()[0], static_cast<float>(expected)) << device.str();
+  }
+}
+
+// The deferred finiteness check: the first step that marks the flag stays in it, and an update
+// given a set flag changes nothing.
+TEST(Flags, MarkNonFiniteKeepsTheFirstMarkerAndStopsUpdates) {
+  std::vector<Device> devices = devices_under_test();
+  devices.push_back(Device::reference());
+  for (const Device device : devices) {
+    Backend& backend = backend_for(device);
+    const StoragePtr flag = make_storage(sizeof(int32_t), device);
+    const auto read_flag = [&] {
+      int32_t v = -1;
+      backend.copy_to_host(&v, flag->as<int32_t>(), sizeof v);
+      return v;
+    };
+    const int32_t zero = 0;
+    backend.copy_from_host(flag->as<int32_t>(), &zero, sizeof zero);
+    std::vector<float> values(70001, 0.5f);
+    const Tensor finite = Tensor::from_data({70001}, values).to(device);
+    values[70000] = INFINITY;
+    const Tensor infinite = Tensor::from_data({70001}, values).to(device);
+    values[70000] = 0.5f;
+    values[3] = NAN;
+    const Tensor nan = Tensor::from_data({70001}, values).to(device);
+    backend.mark_non_finite(finite.data_ptr(), finite.numel(), flag->as<int32_t>(), 5);
+    EXPECT_EQ(read_flag(), 0) << device.str();
+    backend.mark_non_finite(infinite.data_ptr(), infinite.numel(), flag->as<int32_t>(), 7);
+    EXPECT_EQ(read_flag(), 7) << device.str();
+    backend.mark_non_finite(nan.data_ptr(), nan.numel(), flag->as<int32_t>(), 9);
+    EXPECT_EQ(read_flag(), 7) << device.str() << ": the first marker stays";
+
+    const Tensor params = Tensor::from_data({4}, std::vector<float>{1, 2, 3, 4}).to(device);
+    const Tensor grads = Tensor::from_data({4}, std::vector<float>{1, 1, 1, 1}).to(device);
+    const Tensor m = Tensor::zeros({4}, device), v = Tensor::zeros({4}, device);
+    backend.sgd_step(params.data_ptr(), grads.data_ptr(), nullptr, 4,
+                     {.lr = 0.5f, .skip_if_set = flag->as<int32_t>()});
+    AdamStep adam{.step_size = 0.1f, .skip_if_set = flag->as<int32_t>()};
+    backend.adam_step(params.data_ptr(), grads.data_ptr(), m.data_ptr(), v.data_ptr(), 4, adam);
+    EXPECT_EQ(params.to_vector(), (std::vector<float>{1, 2, 3, 4})) << device.str() << ": skipped";
+    backend.copy_from_host(flag->as<int32_t>(), &zero, sizeof zero);
+    backend.sgd_step(params.data_ptr(), grads.data_ptr(), nullptr, 4,
+                     {.lr = 0.5f, .skip_if_set = flag->as<int32_t>()});
+    EXPECT_EQ(params.to_vector(), (std::vector<float>{0.5f, 1.5f, 2.5f, 3.5f}))
+        << device.str() << ": applied";
+  }
 }
 
 // ---- optimizers: three steps over flat buffers, parameters and state compared ----
@@ -709,5 +837,6 @@ int main(int argc, char** argv) {
 #endif
   const int result = RUN_ALL_TESTS();
   if (!::testing::GTEST_FLAG(list_tests)) dptrain::print_table();
+  dptrain::release_backend_caches();
   return result;
 }

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -32,6 +33,9 @@ TEST(Half, ClosedFormValues) {
   EXPECT_EQ(float_to_bfloat16(1.0f), 0x3f80);
   EXPECT_EQ(bfloat16_to_float(0x4049), 3.140625f);
   EXPECT_TRUE(std::isnan(bfloat16_to_float(float_to_bfloat16(std::numeric_limits<float>::quiet_NaN()))));
+  // Any NaN, whatever its sign and payload (a GPU's canonical 0x7fffffff too), is PyTorch's 0x7fc0.
+  for (const uint32_t nan : {0x7fc00000u, 0x7fffffffu, 0xffc00001u, 0x7f800001u})
+    EXPECT_EQ(float_to_bfloat16(std::bit_cast<float>(nan)), 0x7fc0) << std::hex << nan;
 }
 
 TEST(Half, PortableMatchesHardwareOnEveryHalf) {

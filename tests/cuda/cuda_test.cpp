@@ -5,6 +5,8 @@
 // such a skip a failure.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +20,7 @@
 #include "cuda/check.h"
 #include "cuda/device.h"
 #include "cuda/nccl_communicator.h"
+#include "cuda/ranked.h"
 #include "cuda/runtime.h"
 #include "tests/test_util.h"
 
@@ -59,6 +62,26 @@ TEST(CudaCheck, AFailedCallNamesTheCallAndLeavesNoErrorBehind) {
   }
 }
 
+// cuDNN's ranked algorithms: the first that works is taken, those that fail are passed over, and
+// when none works the error names each failure. Plain logic: runs without a GPU.
+TEST(RankedCandidates, TheFirstThatWorksIsTakenAndFailuresAreNamed) {
+  std::vector<std::size_t> tried;
+  const auto attempt = [&](std::size_t i) -> std::string {
+    tried.push_back(i);
+    return i < 2 ? "algorithm " + std::to_string(i) + ": not supported" : "";
+  };
+  EXPECT_EQ(first_working(4, 0, "cuDNN forward", "hint", attempt), 2u);
+  EXPECT_EQ(tried, (std::vector<std::size_t>{0, 1, 2}));
+  tried.clear();
+  EXPECT_EQ(first_working(4, 2, "cuDNN forward", "hint", attempt), 2u);  // kept from the last call
+  EXPECT_EQ(tried, (std::vector<std::size_t>{2}));
+  const std::string message = test_util::error_of(
+      [&] { first_working(2, 0, "cuDNN forward", "try cuda.deterministic false", attempt); });
+  EXPECT_CONTAINS(message,
+                  "cuDNN forward: no candidate worked (2 tried: algorithm 0: not supported; "
+                  "algorithm 1: not supported); try cuda.deterministic false");
+}
+
 TEST(CudaDevice, ProbeNeverThrowsAndExplainsAbsence) {
   const DeviceProbe probe = probe_devices();
   EXPECT_GE(probe.count, 0);
@@ -75,6 +98,12 @@ TEST(CudaDevice, ProbeNeverThrowsAndExplainsAbsence) {
 TEST(CudaDevice, MoreRanksThanGpusIsAnErrorUnlessShared) {
   REQUIRE_GPU();
   const int count = probe_devices().count;
+  if (count == 1 && std::getenv("CUDA_VISIBLE_DEVICES") != nullptr) {
+    // A launcher's one GPU per rank: every rank takes the one it sees, and if two ranks were shown
+    // the same one, the NCCL communicator's UUID check says so (OneGpuPerRankIsCheckedByUuid).
+    EXPECT_EQ(choose_device(1, 2, false), 0);
+    return;
+  }
   try {
     choose_device(count, count + 1, false);
     FAIL() << "ranks beyond the GPU count were given a GPU";
@@ -105,6 +134,51 @@ TEST(CudaBackendMemory, CopiesRoundTripAtEverySize) {
   }
 }
 
+// Uploads that grow a little each time (an epoch's batches after a smaller one, evaluation) grow
+// the pinned staging buffers geometrically: each allocation synchronizes the device.
+TEST(CudaBackendMemory, GrowingUploadsAllocatePinnedMemoryRarely) {
+  REQUIRE_GPU();
+  CudaBackend& b = gpu();
+  const std::vector<float> host = test_util::uniform_values(4000, 3);
+  void* device = b.allocate(host.size() * sizeof(float));
+  const int before = b.pinned_allocations();
+  for (std::size_t n = 1000; n <= 4000; n += 10) b.copy_from_host(device, host.data(), n * sizeof(float));
+  b.synchronize();
+  // Two buffers in turn, each doubling at least: from 4 KB past 16 KB is 3 doublings at most.
+  EXPECT_LE(b.pinned_allocations() - before, 2 * 3);
+  b.release(device, 0);
+}
+
+// cuda.cudnn_benchmark ranks the algorithms by timing them: another algorithm, the same convolution.
+TEST(CudaConv, TimedAlgorithmsAgreeWithTheHeuristics) {
+  REQUIRE_GPU();
+  CudaBackend heuristic(0, {}), timed(0, {.cudnn_benchmark = true});
+  const Conv2dGeometry g{8, 16, 20, 20, 32, 3, 3, 20, 20, 1, 1, /*fuse_relu=*/false};
+  const std::vector<float> x = test_util::uniform_values(8 * 16 * 20 * 20, 11),
+                           w = test_util::uniform_values(32 * 16 * 3 * 3, 12);
+  std::vector<std::vector<float>> outputs;
+  for (CudaBackend* b : {&heuristic, &timed}) {
+    const std::size_t x_bytes = x.size() * sizeof(float), w_bytes = w.size() * sizeof(float),
+                      y_bytes = std::size_t{8} * 32 * 20 * 20 * sizeof(float);
+    void* dx = b->allocate(x_bytes);
+    void* dw = b->allocate(w_bytes);
+    void* dy = b->allocate(y_bytes);
+    b->copy_from_host(dx, x.data(), x_bytes);
+    b->copy_from_host(dw, w.data(), w_bytes);
+    b->conv2d(static_cast<const float*>(dx), static_cast<const float*>(dw), nullptr, static_cast<float*>(dy),
+              g);
+    outputs.emplace_back(y_bytes / sizeof(float));
+    b->copy_to_host(outputs.back().data(), dy, y_bytes);
+    for (void* p : {dx, dw, dy}) b->release(p, 0);
+  }
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < outputs[0].size(); ++i) {
+    worst = std::max(worst, std::abs(static_cast<double>(outputs[0][i]) - outputs[1][i]));
+    scale = std::max(scale, std::abs(static_cast<double>(outputs[0][i])));
+  }
+  EXPECT_LE(worst, 1e-5 * scale);
+}
+
 // The stream-ordered pool keeps freed memory: steps of the same shapes reserve nothing new.
 TEST(CudaBackendMemory, SteadyStateStepsReserveNothingNew) {
   REQUIRE_GPU();
@@ -124,6 +198,41 @@ TEST(CudaBackendMemory, SteadyStateStepsReserveNothingNew) {
   b.synchronize();
   ASSERT_EQ(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &after), cudaSuccess);
   EXPECT_EQ(after, before);
+}
+
+// A host world of two in which the other rank reports this rank's GPU: two ranks on one GPU.
+class TwinHost final : public distributed::Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  bool accepts(Device device) const override { return device.is_host(); }
+  void wait(distributed::Pending& pending) override { pending.take(); }
+  void barrier(const std::string&) override {}
+  std::vector<std::string> gather_to_root(const std::string& mine, const std::string&) override {
+    return {mine, mine};
+  }
+  distributed::Pending start_allreduce_elements(void*, std::size_t, distributed::DataType,
+                                                distributed::ReduceOp, std::string, std::string) override {
+    return {};
+  }
+  void allreduce_elements(void*, std::size_t, distributed::DataType, distributed::ReduceOp,
+                          const std::string&) override {}
+  void broadcast_elements(void*, std::size_t, distributed::DataType, int, const std::string&) override {}
+  void allgather_elements(const void* send, void* recv, std::size_t count, distributed::DataType type,
+                          const std::string&) override {
+    const std::size_t bytes = count * distributed::element_size(type);
+    std::memcpy(recv, send, bytes);
+    std::memcpy(static_cast<char*>(recv) + bytes, send, bytes);
+  }
+};
+
+// Two ranks on one GPU stop with the project's message before NCCL meets them ("Duplicate GPU").
+TEST(CudaNccl, OneGpuPerRankIsCheckedByUuid) {
+  REQUIRE_GPU();
+  TwinHost host;
+  const std::string message = test_util::error_of([&] { NcclCommunicator nccl(host, gpu()); });
+  EXPECT_CONTAINS(message, "ranks 0 and 1 would share one GPU");
+  EXPECT_CONTAINS(message, "distributed.backend to \"mpi\"");
 }
 
 // NCCL on one rank, joined from an id with no MPI: sums and averages leave the values as they are,
@@ -159,5 +268,7 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   const dptrain::cuda::DeviceProbe probe = dptrain::cuda::probe_devices();
   if (probe.count == 0) std::printf("SKIP: GPU tests skipped: no CUDA device (%s)\n", probe.reason.c_str());
-  return RUN_ALL_TESTS();
+  const int result = RUN_ALL_TESTS();
+  dptrain::release_backend_caches();
+  return result;
 }

@@ -93,6 +93,25 @@ TEST(ParseConfig, DefaultsForAMinimalConfig) {
   EXPECT_EQ(out.checkpoint.keep, 3);
 }
 
+// A dead peer hangs NCCL's collectives forever: by default they are aborted after 600 s (PyTorch's
+// timeout); MPI's cannot be cancelled, so by default it only warns. An explicit value is kept.
+TEST(ParseConfig, StallAbortDefaultsByBackend) {
+  const Config c =
+      parse_config(Json::parse(R"({"model": {"input_shape": [4], "layers": [{"type": "relu"}]}})"));
+  EXPECT_DOUBLE_EQ(stall_abort_seconds(c.distributed, /*nccl=*/true), 600.0);
+  EXPECT_DOUBLE_EQ(stall_abort_seconds(c.distributed, /*nccl=*/false), 0.0);
+  for (const double set : {0.0, 30.0}) {
+    const Config d = parse_config(Json::parse(R"({"model": {"input_shape": [4], "layers": [{"type": "relu"}]},
+                                                  "distributed": {"stall_abort_s": )" +
+                                              std::to_string(set) + "}}"));
+    EXPECT_DOUBLE_EQ(stall_abort_seconds(d.distributed, true), set);
+    EXPECT_DOUBLE_EQ(stall_abort_seconds(d.distributed, false), set);
+  }
+  expect_config_error(Json::parse(R"({"model": {"input_shape": [4], "layers": [{"type": "relu"}]},
+                                      "distributed": {"stall_abort_s": -2}})"),
+                      {"distributed.stall_abort_s"});
+}
+
 TEST(ParseConfig, ResolvedConfigRoundTrips) {
   const Config c = parse_config(mnist());
   const Json resolved = to_json(c);

@@ -6,9 +6,10 @@
 #   gpu_e2e.sh CASE TRAINER SOURCE_DIR SCRATCH_DIR [MPIEXEC]
 #
 # Cases (MNIST subsets; the full-size acceptance runs are in docs/gpu.md):
-#   gpu_training          the CNN on device "cuda", one short epoch: trains (test accuracy > 90%)
+#   gpu_training          the CNN on device "cuda", one short epoch: trains (test accuracy > 80%),
+#                         and as the CPU does (within 1 point)
 #   gpu_two_ranks         2 ranks on one GPU (distributed.backend "mpi") x 64 == 1 rank x 128, 20
-#                         SGD steps, max|diff| <= 1e-5 max|w|
+#                         SGD steps with cuda.deterministic, max|diff| <= 1e-5 max|w|
 #   gpu_checkpoint_interop a GPU checkpoint evaluates on the CPU within 0.02 points, and the reverse
 #   gpu_resume_exact      cuda.deterministic: killed after step 70 and resumed, bitwise the straight run
 source "$(dirname "$0")/../e2e_common.sh"
@@ -33,16 +34,22 @@ GPU=(--set device=cuda)
 
 case "$CASE" in
   gpu_training)
+    # 64 steps of Adam from the config: 82.9% on the CPU (4096 samples, batch 64, 2000 test images).
     train 1 run mnist.json "${SMALL[@]}" "${GPU[@]}" --set data.batch_size=64
+    train 1 cpu mnist.json "${SMALL[@]}" --set data.batch_size=64
     grep -m1 "device cuda:" run.out | sed 's/^/  /'
-    grep "^epoch 1:" run.out | sed 's/^/  /'
+    grep "^epoch 1:" run.out cpu.out | sed 's/^/  /'
     acc=$($CHECK metric run/metrics.jsonl test_accuracy)
-    awk -v a="$acc" 'BEGIN { exit !(a > 0.9) }' || fail "test accuracy $acc after one short epoch on the GPU"
+    cpu_acc=$($CHECK metric cpu/metrics.jsonl test_accuracy)
+    awk -v a="$acc" -v c="$cpu_acc" 'BEGIN { exit !(a > 0.8 && a - c < 0.01 && c - a < 0.01) }' ||
+      fail "test accuracy $acc after one short epoch on the GPU ($cpu_acc on the CPU)"
     ;;
 
   gpu_two_ranks)
-    # SGD with momentum: linear in the gradient, so only float rounding separates the runs.
-    OPT=(--set optimizer.type=sgd --set optimizer.lr=0.05 --set optimizer.momentum=0.9 --set optimizer.lr_scaling=none
+    # SGD with momentum: linear in the gradient, so only float rounding separates the runs. cuDNN's
+    # heuristics may choose other algorithms for batch 64 than for 128; deterministic ones at least
+    # add in a fixed order, so the bound does not depend on which atomics came first.
+    OPT=(--set cuda.deterministic=true --set optimizer.type=sgd --set optimizer.lr=0.05 --set optimizer.momentum=0.9 --set optimizer.lr_scaling=none
          --set training.max_steps=20 --set optimizer.schedule=constant)
     train 1 np1 mnist.json "${SMALL[@]}" "${GPU[@]}" "${OPT[@]}" --set data.batch_size=128
     train 2 np2 mnist.json "${SMALL[@]}" "${GPU[@]}" "${OPT[@]}" --set data.batch_size=64 \

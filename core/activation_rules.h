@@ -1,0 +1,15 @@
+// ReLU of one element, written once for every backend (CPU loops, the fused convolution epilogues,
+// the reference and the CUDA kernels inline it).
+#pragma once
+
+#include "core/host_device.h"
+
+namespace dptrain {
+
+// As torch.relu: NaN passes through, so a diverging run still reaches the finiteness check instead
+// of being silently clipped to 0 (fmaxf and `v > 0 ? v : 0` both drop it); -0 becomes +0.
+DPTRAIN_HOST_DEVICE inline float relu_of(float v) {
+  return v <= 0.0f ? 0.0f : v;
+}
+
+}  // namespace dptrain
