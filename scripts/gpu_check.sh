@@ -100,6 +100,7 @@ probe_gpu() {
   echo "bundle: $bundle"
   echo "kernel: $(uname -r)"
   echo "glibc: $(ldd --version 2>&1 | head -1)"
+  echo "CPU: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores"
   echo "CUDA_VISIBLE_DEVICES: ${CUDA_VISIBLE_DEVICES-(unset)}"
   if ! command -v nvidia-smi >/dev/null; then echo "=> no GPU: nvidia-smi is not installed"; return 1; fi
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader || {
@@ -110,7 +111,7 @@ probe_gpu() {
   python3 -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "cuDNN",
 torch.backends.cudnn.version(), "NCCL", ".".join(map(str, torch.cuda.nccl.version())), "GPU",
 torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")' || echo "torch: not importable"
-  echo "=> $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), kernel $(uname -r)"
+  echo "=> $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), kernel $(uname -r), $(nproc) CPU cores"
 }
 
 link_nvidia_libraries() {
@@ -126,7 +127,9 @@ link_nvidia_libraries() {
   echo "NVIDIA libraries from: ${dirs:-(no nvidia wheels found)}"
   local missing
   missing=$(for f in "$bundle"/bin/* "$bundle"/bin/tests/*; do
-              [[ -f $f && -x $f ]] && ldd "$f" 2>/dev/null | awk -v f="$(basename "$f")" '/not found/ { print f ": " $1 }'
+              # Through a link's target: ldd takes $ORIGIN from the path it is given, exec from the file.
+              [[ -f $f && -x $f ]] && ldd "$(readlink -f "$f")" 2>/dev/null |
+                awk -v f="$(basename "$f")" '/not found/ { print f ": " $1 }'
             done | sort -u)
   for lib in libcudart.so libcublas.so libcudnn.so libnccl.so; do
     ldd "$bundle/bin/trainer" | grep -m1 "$lib" | sed 's/^\s*/  /'
