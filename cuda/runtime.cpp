@@ -2,37 +2,24 @@
 #include "cuda/runtime.h"
 
 #include <cstdlib>
-#include <vector>
 
 #include "cuda/backend.h"
 #include "cuda/device.h"
 #include "cuda/nccl_communicator.h"
 
 namespace dptrain::cuda {
-namespace {
 
 // The backends live as long as the process (the registry never lets go: a tensor released during
 // static destruction still finds its backend). What they keep is freed by release_backend_caches()
 // at the end of main(), or else at exit, before the CUDA runtime's own teardown (registered earlier,
 // so run later).
-std::vector<std::shared_ptr<CudaBackend>>& created() {
-  static auto* all = new std::vector<std::shared_ptr<CudaBackend>>;
-  return *all;
-}
-void release_at_exit() {
-  for (const auto& backend : created()) backend->release_cached();
-}
-
-}  // namespace
-
 Device use_gpu(int local_rank, int local_size, const GpuOptions& options) {
   const Device device = Device::cuda(choose_device(local_rank, local_size, options.share));
   if (!has_backend(device)) {
-    auto backend = std::make_shared<CudaBackend>(
-        device.index, CudaOptions{options.tf32, options.deterministic, options.cudnn_benchmark});
-    register_backend(backend);
-    if (created().empty()) std::atexit(release_at_exit);
-    created().push_back(std::move(backend));
+    register_backend(std::make_shared<CudaBackend>(
+        device.index, CudaOptions{options.tf32, options.deterministic, options.cudnn_benchmark}));
+    static const bool release_at_exit = std::atexit(release_backend_caches) == 0;
+    (void)release_at_exit;
   }
   return device;
 }
