@@ -105,7 +105,7 @@ case "$CASE" in
     ;;
 
   stop_sigusr1)
-    stop_and_resume USR1 mpirun 75 "SIGUSR1 on 2 ranks"
+    stop_and_resume USR1 mpirun 75 "SIGUSR1 on 1 rank|SIGUSR1 on 2 ranks"  # forwarded one rank at a time too
     ;;
 
   stop_sigterm_one_rank)
