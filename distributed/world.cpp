@@ -39,6 +39,8 @@ World::World(int* argc, char*** argv) {
   DPTRAIN_MPI_CHECK(MPI_Comm_rank(local, &local_rank_));
   DPTRAIN_MPI_CHECK(MPI_Comm_size(local, &local_size_));
   DPTRAIN_MPI_CHECK(MPI_Comm_free(&local));
+  const int first_on_host = local_rank_ == 0 ? 1 : 0;
+  DPTRAIN_MPI_CHECK(MPI_Allreduce(&first_on_host, &hosts_, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
 }
 
 World::~World() {

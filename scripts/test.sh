@@ -63,7 +63,8 @@ run_sanitized_ctest() (
   run_ctest build-asan
 )
 
-setup_args=()
+# Slurm and munge for the Slurm test (tests/scripts/slurm_e2e.sh, scripts/slurm_local.sh).
+setup_args=(--with-slurm)
 [[ $fuzz == 1 ]] && setup_args+=(--with-fuzz)
 [[ $torch == 1 ]] && setup_args+=(--with-torch)
 stage "set-up (scripts/setup.sh)" scripts/setup.sh "${setup_args[@]}"

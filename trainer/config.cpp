@@ -157,7 +157,7 @@ void declare_top(Top t) {
   t.field("output_dir", &Config::output_dir, "runs/default", Any{},
           "Metrics, final weights and (by default) checkpoints go here.");
   t.field("threads", &Config::threads, 0, Range{0, 1024},
-          "CPU threads per rank; 0: the host's cores / its ranks.");
+          "CPU threads per rank; 0: SLURM_CPUS_PER_TASK where Slurm sets it, else the host's cores / its ranks.");
   t.field("device", &Config::device, DeviceKind::kCpu, kDevices,
           "`cuda`: rank r on GPU local_rank; `auto`: CUDA when built and a GPU is present.");
   auto cuda = t.section("cuda", &Config::cuda, "Switches of the CUDA backend.");

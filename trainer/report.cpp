@@ -25,8 +25,10 @@ std::string format_bytes(double bytes) {
 
 void print_summary(const Config& config, const RunSummary& s) {
   std::printf(
-      "dptrain: %d rank(s), %d thread(s) per rank%s; parameters identical on %d rank(s) (checksum %016llx)\n",
-      s.ranks, s.threads, s.device == "cpu" ? "" : (", device " + s.device).c_str(), s.ranks,
+      "dptrain: %d rank(s) on %d host(s), %d thread(s) per rank%s; parameters identical on %d rank(s) "
+      "(checksum "
+      "%016llx)\n",
+      s.ranks, s.hosts, s.threads, s.device == "cpu" ? "" : (", device " + s.device).c_str(), s.ranks,
       static_cast<unsigned long long>(s.parameters_checksum));
   std::printf("model: %lld parameters\n%s", static_cast<long long>(s.parameters),
               s.model_description.c_str());

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -31,6 +32,7 @@
 #include "trainer/devices.h"
 #include "trainer/directory_lock.h"
 #include "trainer/phase.h"
+#include "trainer/threads.h"
 #include "trainer/trainer.h"
 
 namespace dptrain::trainer {
@@ -173,10 +175,10 @@ distributed::GradientSyncOptions gradient_sync_options(const Config& c) {
           .micro_batch_samples = d.deterministic_micro_batch};
 }
 
-// CPU threads per rank: the configured number, or this host's cores shared among its ranks.
 void use_threads(const Config& config, const distributed::World& world) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int threads = config.threads > 0 ? config.threads : std::max(1, cores / world.local_size());
+  const int threads =
+      threads_per_rank(config.threads, std::getenv("SLURM_CPUS_PER_TASK"), cores, world.local_size());
   omp_set_num_threads(threads);
   // Eigen blocks a GEMM's inner dimension differently when it runs on several threads, which changes
   // the rounding; the project's own OpenMP loops split work by output element and do not. So the
@@ -471,6 +473,7 @@ int64_t Trainer::global_batch() const {
 
 RunSummary Trainer::summary() const {
   return {.ranks = world_.size(),
+          .hosts = world_.hosts(),
           .threads = omp_get_max_threads(),
           .device = device_.str(),
           .parameters_checksum = checksum_,

@@ -57,6 +57,14 @@ TEST(Communicator, RankAndSizeMatchMpi) {
   EXPECT_EQ(comm.size(), test::size());
 }
 
+// ctest starts every rank on this one machine: one host, all ranks local to it (the Slurm test,
+// tests/scripts/slurm_e2e.sh, checks two hosts through srun -N 2).
+TEST(World, OneHostHoldsEveryRankWhenAllRunHere) {
+  EXPECT_EQ(test::world().hosts(), 1);
+  EXPECT_EQ(test::world().local_size(), test::size());
+  EXPECT_EQ(test::world().local_rank(), test::rank());
+}
+
 TEST(Communicator, AllreduceFloatSumAndAverage) {
   MpiCommunicator comm(test::world());
   check_allreduce_ramp<float>(comm);
