@@ -40,6 +40,14 @@ die() {
   exit 1
 }
 
+# die_with_log LOG MESSAGE: die, after the last lines of the daemon's log.
+die_with_log() {
+  local log=$1
+  shift
+  [[ -e $log ]] && tail -n 5 "$log" | sed 's/^/  /' >&2
+  die "$* (log: $log)"
+}
+
 # alive PIDFILE: the daemon the file names is running (a zombie is not: where PID 1 is slow to reap
 # them, a daemon that has exited stays one for a while).
 alive() {
@@ -147,9 +155,10 @@ make_namespaces() {
 }
 
 # start_slurmd NAME [NETNS]: slurmd for node NAME (inside NETNS when given), in a mount namespace of
-# its own: where /sys/fs/cgroup is not mounted (a chroot), an empty tmpfs goes there, since Debian's
-# slurmd 22.05 will not start without a cgroup file system even when, as here, no plugin uses one;
-# and the namespace tells `stop` which processes were the node's. Each node reads its own copy of
+# its own: where /sys/fs/cgroup is not mounted (a chroot), a cgroup v1 layout goes there (a tmpfs and
+# an empty hierarchy of the cluster's own as the "systemd" one), since Debian's slurmd 22.05 will not
+# start without one even when, as here, no plugin uses it; and the namespace tells `stop` which
+# processes were the node's. Each node reads its own copy of
 # slurm.conf beside an mpi.conf of its own: PMIx names its per-step client directory by user, job
 # and step alone, under /tmp unless told, and the two nodes' would collide there.
 start_slurmd() {
@@ -162,14 +171,18 @@ start_slurmd() {
   "${enter[@]}" unshare --mount --propagation private sh -ec '
     case "$(stat -f -c %T /sys/fs/cgroup 2>/dev/null)" in
       cgroup2fs | tmpfs) ;;
-      *) mount -t tmpfs -o mode=755 dptrain-cgroup /sys/fs/cgroup ;;
+      *)
+        mount -t tmpfs -o mode=755 dptrain-cgroup /sys/fs/cgroup
+        mkdir /sys/fs/cgroup/systemd
+        mount -t cgroup -o none,name=dptrain-slurm dptrain-cgroup /sys/fs/cgroup/systemd
+        ;;
     esac
     exec slurmd -f "$1" -N "$2"' sh "$dir/node/$name/slurm.conf" "$name" ||
-    die "slurmd $name did not start (log: $dir/log/slurmd-$name.log)"
+    die_with_log "$dir/log/slurmd-$name.log" "slurmd $name did not start"
   # slurmd writes its pid file after it has forked into the background.
   local pidfile=$dir/run/slurmd-$name.pid
   for _ in $(seq 100); do alive "$pidfile" && break; sleep 0.05; done
-  alive "$pidfile" || die "slurmd $name did not stay up (log: $dir/log/slurmd-$name.log)"
+  alive "$pidfile" || die_with_log "$dir/log/slurmd-$name.log" "slurmd $name did not stay up"
   readlink "/proc/$(cat "$pidfile")/ns/mnt" >"${pidfile%.pid}.mntns"
 }
 
@@ -184,6 +197,8 @@ start() {
     return 0
   fi
   stop >/dev/null  # whatever a killed earlier start left
+  # A start that fails takes down what it had started.
+  trap 'rc=$?; ((rc == 0)) || { echo "slurm_local: start failed; stopping what it started" >&2; stop >/dev/null 2>&1; }' EXIT
   mkdir -p "$dir"/{munge,state,spool,run,log}
   # munged refuses a key that others can read and a socket directory they cannot enter.
   chmod 755 "$dir/munge"
@@ -192,10 +207,10 @@ start() {
   write_conf
   munged --force --key-file="$dir/munge/munge.key" --socket="$dir/munge/munge.socket" \
     --pid-file="$dir/run/munged.pid" --log-file="$dir/log/munged.log" --seed-file="$dir/munge/munged.seed" ||
-    die "munged did not start (log: $dir/log/munged.log)"
+    die_with_log "$dir/log/munged.log" "munged did not start"
   [[ $nodes == 2 ]] && make_namespaces
   # -c: a fresh cluster, without the jobs of an earlier one in the state directory.
-  slurmctld -c -f "$conf" || die "slurmctld did not start (log: $dir/log/slurmctld.log)"
+  slurmctld -c -f "$conf" || die_with_log "$dir/log/slurmctld.log" "slurmctld did not start"
   if [[ $nodes == 2 ]]; then
     start_slurmd n1 "${NS[0]}"
     start_slurmd n2 "${NS[1]}"
@@ -211,6 +226,7 @@ start() {
     fi
     sleep 0.1
   done
+  trap - EXIT
   echo "slurm_local: $(sinfo -h -o '%D node(s) %t: %N') in $dir; eval \"\$($0 env --dir $dir)\""
 }
 

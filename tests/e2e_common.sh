@@ -37,6 +37,15 @@ fail() {
   exit 1
 }
 
+# wait_for FILE [SECONDS]: until FILE exists (default 120 s), else fail.
+wait_for() {
+  local deadline=$((SECONDS + ${2:-120}))
+  until [ -e "$1" ]; do
+    [ $SECONDS -lt $deadline ] || fail "timed out waiting for $1"
+    sleep 0.05
+  done
+}
+
 need_mnist() {
   if [ ! -e "$SRC/data/mnist/train-images-idx3-ubyte" ] && [ ! -e "$SRC/data/mnist/train-images-idx3-ubyte.gz" ]; then
     echo "SKIP: $SRC/data/mnist is absent (scripts/setup.sh fetches it)"

@@ -75,15 +75,6 @@ wait_job() {
   done
 }
 
-# wait_for FILE: until FILE exists (60 s at most).
-wait_for() {
-  local deadline=$((SECONDS + 60))
-  until [ -e "$1" ]; do
-    [ $SECONDS -lt $deadline ] || fail "timed out waiting for $1"
-    sleep 0.05
-  done
-}
-
 # submit NAME [sbatch options]: the batch script on 2 tasks of one node; JOB holds its id. The
 # output (appended to across requeues) is NAME.job.out.
 submit() {

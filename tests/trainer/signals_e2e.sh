@@ -31,15 +31,6 @@ RUN=(mnist.json --set data.max_train_samples="$(pick 8192 2048)" --set data.max_
      --set data.batch_size="$(pick 32 8)" --set training.epochs="$EPOCHS" --set checkpoint.every_steps=20
      --set checkpoint.every_epochs=0)
 
-# wait_for FILE [SECONDS]: until FILE exists (default 120 s), else fail.
-wait_for() {
-  local deadline=$((SECONDS + ${2:-120}))
-  until [ -e "$1" ]; do
-    [ $SECONDS -lt $deadline ] || fail "timed out waiting for $1"
-    sleep 0.05
-  done
-}
-
 # start NP NAME CONFIG...: launches like `launch` but in the background; PID holds its process.
 start() {
   local np=$1 name=$2 config=$3
