@@ -269,6 +269,29 @@ void NcclCommunicator::allgather_elements(const void* send, void* recv, std::siz
   wait(p);
 }
 
+// In place as NCCL defines it: the result goes to this rank's chunk of the buffer it reads.
+distributed::Pending NcclCommunicator::start_reduce_scatter_elements(void* data, std::size_t chunk,
+                                                                     DataType type, distributed::ReduceOp op,
+                                                                     std::string what, std::string) {
+  if (chunk == 0) return {};
+  const ncclRedOp_t reduce = op == distributed::ReduceOp::kAverage ? ncclAvg : ncclSum;
+  char* mine =
+      static_cast<char*>(data) + static_cast<std::size_t>(rank_) * chunk * distributed::element_size(type);
+  return launch(what, [&] {
+    DPTRAIN_NCCL_CHECK(ncclReduceScatter(data, mine, chunk, nccl_type(type), reduce, comm_, stream_));
+  });
+}
+
+distributed::Pending NcclCommunicator::start_allgather_in_place_elements(void* data, std::size_t chunk,
+                                                                         DataType type, std::string what,
+                                                                         std::string) {
+  if (chunk == 0) return {};
+  const char* mine = static_cast<const char*>(data) +
+                     static_cast<std::size_t>(rank_) * chunk * distributed::element_size(type);
+  return launch(
+      what, [&] { DPTRAIN_NCCL_CHECK(ncclAllGather(mine, data, chunk, nccl_type(type), comm_, stream_)); });
+}
+
 void NcclCommunicator::barrier(const std::string& what) {
   if (host_) return host_->barrier(what);
   DPTRAIN_CHECK(size_ == 1, "NcclCommunicator::barrier needs a host communicator (", what, ")");

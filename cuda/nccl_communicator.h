@@ -52,6 +52,12 @@ class NcclCommunicator final : public distributed::Communicator {
                           const std::string& what) override;
   void allgather_elements(const void* send, void* recv, std::size_t count, distributed::DataType type,
                           const std::string& what) override;
+  distributed::Pending start_reduce_scatter_elements(void* data, std::size_t chunk,
+                                                     distributed::DataType type, distributed::ReduceOp op,
+                                                     std::string what, std::string timeline_name) override;
+  distributed::Pending start_allgather_in_place_elements(void* data, std::size_t chunk,
+                                                         distributed::DataType type, std::string what,
+                                                         std::string timeline_name) override;
 
  private:
   void init(const ncclUniqueId& id, distributed::StallPolicy stall);

@@ -99,6 +99,31 @@ class Communicator {
     return start_allreduce_elements(buffer.data(), buffer.size(), half_type(format), ReduceOp::kSum,
                                     std::move(what), std::move(timeline_name));
   }
+  // Reduce-scatter, in place: `buffer` is size() equal chunks; once it completes, chunk rank() holds
+  // that chunk's sum (or average) over the ranks, and the other chunks are undefined. Followed by
+  // start_allgather_in_place, the same result and the same bytes on the wire as an allreduce, with
+  // the work in between done on one chunk per rank (ZeRO's sharded optimizer step).
+  template <typename T>
+  Pending start_reduce_scatter(std::span<T> buffer, ReduceOp op, std::string what,
+                               std::string timeline_name = {}) {
+    const std::size_t chunk = chunk_of(buffer.size(), "reduce-scatter", what);
+    return start_reduce_scatter_elements(buffer.data(), chunk, data_type_of<T>(), op, std::move(what),
+                                         std::move(timeline_name));
+  }
+  // The sum runs in half precision; callers pre-scale against overflow.
+  Pending start_reduce_scatter_half(std::span<uint16_t> buffer, HalfFormat format, std::string what,
+                                    std::string timeline_name = {}) {
+    const std::size_t chunk = chunk_of(buffer.size(), "reduce-scatter", what);
+    return start_reduce_scatter_elements(buffer.data(), chunk, half_type(format), ReduceOp::kSum,
+                                         std::move(what), std::move(timeline_name));
+  }
+  // All-gather, in place: chunk r of `buffer` (size() equal chunks) is rank r's, on every rank.
+  template <typename T>
+  Pending start_allgather_in_place(std::span<T> buffer, std::string what, std::string timeline_name = {}) {
+    const std::size_t chunk = chunk_of(buffer.size(), "allgather", what);
+    return start_allgather_in_place_elements(buffer.data(), chunk, data_type_of<T>(), std::move(what),
+                                             std::move(timeline_name));
+  }
   // Rethrows the collective's error, if any.
   virtual void wait(Pending& pending) = 0;
 
@@ -120,6 +145,16 @@ class Communicator {
     check_allgather_sizes(send.size(), recv.size());
     allgather_elements(send.data(), recv.data(), send.size(), data_type_of<T>(), what);
   }
+  template <typename T>
+  void reduce_scatter(std::span<T> buffer, ReduceOp op, const std::string& what) {
+    Pending pending = start_reduce_scatter(buffer, op, what);
+    wait(pending);
+  }
+  template <typename T>
+  void allgather_in_place(std::span<T> buffer, const std::string& what) {
+    Pending pending = start_allgather_in_place(buffer, what);
+    wait(pending);
+  }
   virtual void barrier(const std::string& what) = 0;
   // Every rank's string on rank 0 (in rank order); other ranks get an empty list.
   virtual std::vector<std::string> gather_to_root(const std::string& mine, const std::string& what) = 0;
@@ -134,9 +169,16 @@ class Communicator {
                                   const std::string& what) = 0;
   virtual void allgather_elements(const void* send, void* recv, std::size_t count, DataType type,
                                   const std::string& what) = 0;
+  // `chunk` elements per rank: the buffers hold size() * chunk.
+  virtual Pending start_reduce_scatter_elements(void* data, std::size_t chunk, DataType type, ReduceOp op,
+                                                std::string what, std::string timeline_name) = 0;
+  virtual Pending start_allgather_in_place_elements(void* data, std::size_t chunk, DataType type,
+                                                    std::string what, std::string timeline_name) = 0;
 
  private:
   void check_allgather_sizes(std::size_t send, std::size_t recv) const;
+  // count / size(), or an error naming the collective when count is not a multiple of size().
+  std::size_t chunk_of(std::size_t count, const char* collective, const std::string& what) const;
 };
 
 }  // namespace dptrain::distributed

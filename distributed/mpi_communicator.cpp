@@ -67,14 +67,15 @@ MPI_Op half_sum_op(HalfFormat format) {
   return ops[format == HalfFormat::kFp16 ? 0 : 1];
 }
 
-// The sum (or average) of `count` elements over `comm`, in place; half types sum in half precision.
-void allreduce_now(void* data, std::size_t count, DataType type, ReduceOp op, MPI_Comm comm, int size) {
+// MPI's sum for `type` (half types sum in half precision, and only sum).
+MPI_Op sum_op(DataType type, ReduceOp op) {
   const bool half = type == DataType::kF16 || type == DataType::kBf16;
-  DPTRAIN_CHECK(!half || op == ReduceOp::kSum, "a half-precision allreduce only sums (pre-scale instead)");
-  const MPI_Op sum =
-      half ? half_sum_op(type == DataType::kF16 ? HalfFormat::kFp16 : HalfFormat::kBf16) : MPI_SUM;
-  DPTRAIN_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, checked_count(count), mpi_type(type), sum, comm));
-  if (op == ReduceOp::kSum) return;
+  DPTRAIN_CHECK(!half || op == ReduceOp::kSum, "a half-precision reduction only sums (pre-scale instead)");
+  return half ? half_sum_op(type == DataType::kF16 ? HalfFormat::kFp16 : HalfFormat::kBf16) : MPI_SUM;
+}
+
+// Divides `count` elements by `size` in place: a sum becomes an average (MPI has no average).
+void divide_by(void* data, std::size_t count, DataType type, int size) {
   const auto divide = [&]<typename T>(T* values) {
     for (std::size_t i = 0; i < count; ++i) values[i] /= static_cast<T>(size);
   };
@@ -97,6 +98,24 @@ void allreduce_now(void* data, std::size_t count, DataType type, ReduceOp op, MP
     case DataType::kBf16:
       break;
   }
+}
+
+// The sum (or average) of `count` elements over `comm`, in place.
+void allreduce_now(void* data, std::size_t count, DataType type, ReduceOp op, MPI_Comm comm, int size) {
+  DPTRAIN_MPI_CHECK(
+      MPI_Allreduce(MPI_IN_PLACE, data, checked_count(count), mpi_type(type), sum_op(type, op), comm));
+  if (op == ReduceOp::kAverage) divide_by(data, count, type, size);
+}
+
+// Chunk `rank` of `data` (size x chunk elements) becomes that chunk's sum (or average) over `comm`.
+void reduce_scatter_now(void* data, std::size_t chunk, DataType type, ReduceOp op, MPI_Comm comm, int rank,
+                        int size) {
+  DPTRAIN_MPI_CHECK(MPI_Reduce_scatter_block(MPI_IN_PLACE, data, checked_count(chunk), mpi_type(type),
+                                             sum_op(type, op), comm));
+  // In place, MPI leaves every rank's result at the start of the buffer; it belongs at its chunk.
+  char* mine = static_cast<char*>(data) + static_cast<std::size_t>(rank) * chunk * element_size(type);
+  if (rank != 0) std::memmove(mine, data, chunk * element_size(type));
+  if (op == ReduceOp::kAverage) divide_by(mine, chunk, type, size);
 }
 
 }  // namespace
@@ -254,6 +273,31 @@ MpiCommunicator::~MpiCommunicator() {
 Pending MpiCommunicator::start_allreduce_elements(void* data, std::size_t count, DataType type, ReduceOp op,
                                                   std::string what, std::string timeline_name) {
   if (size_ == 1 || count == 0) return {};
+  return enqueue(std::move(what), std::move(timeline_name), [data, count, type, op, size = size_] {
+    allreduce_now(data, count, type, op, MPI_COMM_WORLD, size);
+  });
+}
+
+Pending MpiCommunicator::start_reduce_scatter_elements(void* data, std::size_t chunk, DataType type,
+                                                       ReduceOp op, std::string what,
+                                                       std::string timeline_name) {
+  if (size_ == 1 || chunk == 0) return {};
+  return enqueue(std::move(what), std::move(timeline_name),
+                 [data, chunk, type, op, rank = rank_, size = size_] {
+                   reduce_scatter_now(data, chunk, type, op, MPI_COMM_WORLD, rank, size);
+                 });
+}
+
+Pending MpiCommunicator::start_allgather_in_place_elements(void* data, std::size_t chunk, DataType type,
+                                                           std::string what, std::string timeline_name) {
+  if (size_ == 1 || chunk == 0) return {};
+  return enqueue(std::move(what), std::move(timeline_name), [data, chunk, type] {
+    DPTRAIN_MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, checked_count(chunk),
+                                    mpi_type(type), MPI_COMM_WORLD));
+  });
+}
+
+Pending MpiCommunicator::enqueue(std::string what, std::string timeline_name, std::function<void()> run) {
   if (!worker_) {
     worker_ = std::make_shared<CommWorker>();
     worker_->thread = std::thread(CommWorker::loop, worker_, watchdog_);
@@ -261,9 +305,7 @@ Pending MpiCommunicator::start_allreduce_elements(void* data, std::size_t count,
   auto job = std::make_shared<Job>();
   job->what = std::move(what);
   job->timeline_name = std::move(timeline_name);
-  job->run = [data, count, type, op, size = size_] {
-    allreduce_now(data, count, type, op, MPI_COMM_WORLD, size);
-  };
+  job->run = std::move(run);
   {
     std::lock_guard lock(worker_->mutex);
     worker_->queue.push_back(job);

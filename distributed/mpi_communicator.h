@@ -7,6 +7,7 @@
 // and mpirun takes the other ranks down.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,8 +43,14 @@ class MpiCommunicator final : public Communicator {
                           const std::string& what) override;
   void allgather_elements(const void* send, void* recv, std::size_t count, DataType type,
                           const std::string& what) override;
+  Pending start_reduce_scatter_elements(void* data, std::size_t chunk, DataType type, ReduceOp op,
+                                        std::string what, std::string timeline_name) override;
+  Pending start_allgather_in_place_elements(void* data, std::size_t chunk, DataType type, std::string what,
+                                            std::string timeline_name) override;
 
  private:
+  // Queues `run` on the communication thread (started on first use); in submission order.
+  Pending enqueue(std::string what, std::string timeline_name, std::function<void()> run);
   void drain();
 
   int rank_ = 0, size_ = 1;

@@ -46,4 +46,34 @@ void StagedCommunicator::allgather_elements(const void* send, void* recv, std::s
   backend_.copy_from_host(recv, gathered_.data(), gathered_.size());
 }
 
+// The whole buffer goes down; only this rank's chunk, the one that holds a result, comes back.
+Pending StagedCommunicator::start_reduce_scatter_elements(void* data, std::size_t chunk, DataType type,
+                                                          ReduceOp op, std::string what, std::string) {
+  if (size() == 1 || chunk == 0) return {};
+  const std::size_t chunk_bytes = chunk * element_size(type),
+                    offset = static_cast<std::size_t>(rank()) * chunk_bytes;
+  staging_.resize(chunk_bytes * static_cast<std::size_t>(size()));
+  backend_.copy_to_host(staging_.data(), data, staging_.size());
+  Pending pending =
+      host_.start_reduce_scatter_elements(staging_.data(), chunk, type, op, std::move(what), {});
+  host_.wait(pending);
+  backend_.copy_from_host(static_cast<char*>(data) + offset, staging_.data() + offset, chunk_bytes);
+  return {};
+}
+
+// This rank's chunk goes down, every chunk comes back.
+Pending StagedCommunicator::start_allgather_in_place_elements(void* data, std::size_t chunk, DataType type,
+                                                              std::string what, std::string) {
+  if (size() == 1 || chunk == 0) return {};
+  const std::size_t chunk_bytes = chunk * element_size(type),
+                    offset = static_cast<std::size_t>(rank()) * chunk_bytes;
+  staging_.resize(chunk_bytes * static_cast<std::size_t>(size()));
+  backend_.copy_to_host(staging_.data() + offset, static_cast<const char*>(data) + offset, chunk_bytes);
+  Pending pending =
+      host_.start_allgather_in_place_elements(staging_.data(), chunk, type, std::move(what), {});
+  host_.wait(pending);
+  backend_.copy_from_host(data, staging_.data(), staging_.size());
+  return {};
+}
+
 }  // namespace dptrain::distributed

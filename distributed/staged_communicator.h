@@ -37,6 +37,10 @@ class StagedCommunicator final : public Communicator {
                           const std::string& what) override;
   void allgather_elements(const void* send, void* recv, std::size_t count, DataType type,
                           const std::string& what) override;
+  Pending start_reduce_scatter_elements(void* data, std::size_t chunk, DataType type, ReduceOp op,
+                                        std::string what, std::string timeline_name) override;
+  Pending start_allgather_in_place_elements(void* data, std::size_t chunk, DataType type, std::string what,
+                                            std::string timeline_name) override;
 
  private:
   Communicator& host_;

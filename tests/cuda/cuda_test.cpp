@@ -224,6 +224,15 @@ class TwinHost final : public distributed::Communicator {
     std::memcpy(recv, send, bytes);
     std::memcpy(static_cast<char*>(recv) + bytes, send, bytes);
   }
+  distributed::Pending start_reduce_scatter_elements(void*, std::size_t, distributed::DataType,
+                                                     distributed::ReduceOp, std::string,
+                                                     std::string) override {
+    return {};
+  }
+  distributed::Pending start_allgather_in_place_elements(void*, std::size_t, distributed::DataType,
+                                                         std::string, std::string) override {
+    return {};
+  }
 };
 
 // Two ranks on one GPU stop with the project's message before NCCL meets them ("Duplicate GPU").
@@ -236,7 +245,8 @@ TEST(CudaNccl, OneGpuPerRankIsCheckedByUuid) {
 }
 
 // NCCL on one rank, joined from an id with no MPI: sums and averages leave the values as they are,
-// half-precision sums round once, a broadcast from rank 0 keeps them, an allgather copies them.
+// half-precision sums round once, a broadcast from rank 0 keeps them, an allgather copies them, and
+// a reduce-scatter and an in-place allgather leave them.
 TEST(CudaNccl, OneRankCollectives) {
   REQUIRE_GPU();
   CudaBackend& b = gpu();
@@ -259,6 +269,14 @@ TEST(CudaNccl, OneRankCollectives) {
   nccl.allgather(std::span<const float>(t.data_ptr(), values.size()),
                  std::span<float>(gathered.data_ptr(), values.size()), "test allgather");
   EXPECT_EQ(gathered.to_vector(), values);
+  // One rank's reduce-scatter and in-place allgather: its one chunk is the whole buffer, unchanged.
+  distributed::Pending rs = nccl.start_reduce_scatter(std::span<float>(t.data_ptr(), values.size()),
+                                                      distributed::ReduceOp::kAverage, "test reduce-scatter");
+  EXPECT_TRUE(rs.active());
+  nccl.wait(rs);
+  EXPECT_EQ(t.to_vector(), values);
+  nccl.allgather_in_place(std::span<float>(t.data_ptr(), values.size()), "test allgather in place");
+  EXPECT_EQ(t.to_vector(), values);
 }
 
 }  // namespace

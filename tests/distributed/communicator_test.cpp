@@ -179,6 +179,92 @@ TEST(Communicator, AllgatherPlacesRankRAtOffsetRTimesCount) {
   }
 }
 
+// Rank r's chunk after a reduce-scatter of ramps: the ramp's sum (average) over the ranks at those
+// elements; the other chunks are not looked at (undefined). Then, the chunks gathered in place: every
+// rank holds the allreduce's result everywhere.
+template <typename T>
+void check_reduce_scatter_ramp(Communicator& comm, bool asynchronous) {
+  const int N = comm.size(), r = comm.rank();
+  for (std::size_t chunk : {std::size_t{1}, std::size_t{7}, std::size_t{1} << 18}) {
+    const std::size_t n = chunk * static_cast<std::size_t>(N);
+    std::vector<T> sum = ramp<T>(n, r), avg = sum;
+    if (asynchronous) {
+      Pending s = comm.start_reduce_scatter(std::span<T>(sum), ReduceOp::kSum, "test reduce-scatter sum");
+      Pending a = comm.start_reduce_scatter(std::span<T>(avg), ReduceOp::kAverage, "test reduce-scatter avg");
+      comm.wait(s);
+      comm.wait(a);
+    } else {
+      comm.reduce_scatter(std::span<T>(sum), ReduceOp::kSum, "test reduce-scatter sum");
+      comm.reduce_scatter(std::span<T>(avg), ReduceOp::kAverage, "test reduce-scatter avg");
+    }
+    const auto expected_sum = [&](std::size_t i) { return static_cast<T>(N * (N + 1) / 2 * (i % 97 + 1)); };
+    const auto expected_avg = [&](std::size_t i) { return static_cast<T>((N + 1) / 2.0 * (i % 97 + 1)); };
+    std::size_t bad_sum = 0, bad_avg = 0;
+    for (std::size_t i = r * chunk; i < (r + 1) * chunk; ++i) {
+      bad_sum += sum[i] != expected_sum(i);
+      bad_avg += avg[i] != expected_avg(i);
+    }
+    EXPECT_EQ(bad_sum, 0u) << chunk << " elements per chunk, sum, rank " << r;
+    EXPECT_EQ(bad_avg, 0u) << chunk << " elements per chunk, average, rank " << r;
+    if (asynchronous) {
+      Pending g = comm.start_allgather_in_place(std::span<T>(sum), "test allgather in place");
+      comm.wait(g);
+    } else {
+      comm.allgather_in_place(std::span<T>(sum), "test allgather in place");
+    }
+    std::size_t bad_gathered = 0;
+    for (std::size_t i = 0; i < n; ++i) bad_gathered += sum[i] != expected_sum(i);
+    EXPECT_EQ(bad_gathered, 0u) << chunk << " elements per chunk, gathered, rank " << r;
+  }
+}
+
+TEST(Communicator, ReduceScatterLeavesRankRTheReductionOfChunkR) {
+  MpiCommunicator comm(test::world());
+  check_reduce_scatter_ramp<float>(comm, false);
+  check_reduce_scatter_ramp<double>(comm, true);
+  check_reduce_scatter_ramp<int64_t>(comm, true);
+}
+
+// Half-precision chunks sum in half precision: small integers, exact in bf16 and fp16.
+TEST(Communicator, HalfReduceScatterSums) {
+  MpiCommunicator comm(test::world());
+  const int N = comm.size(), r = comm.rank();
+  const std::size_t chunk = 33, n = chunk * static_cast<std::size_t>(N);
+  for (HalfFormat format : {HalfFormat::kFp16, HalfFormat::kBf16}) {
+    const bool fp16 = format == HalfFormat::kFp16;
+    std::vector<uint16_t> halves(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const float v = static_cast<float>((r + 1) * static_cast<int>(i % 5 + 1));
+      halves[i] = fp16 ? float_to_half(v) : float_to_bfloat16(v);
+    }
+    Pending pending =
+        comm.start_reduce_scatter_half(std::span<uint16_t>(halves), format, "test half reduce-scatter");
+    comm.wait(pending);
+    for (std::size_t i = r * chunk; i < (r + 1) * chunk; ++i) {
+      const float got = fp16 ? half_to_float(halves[i]) : bfloat16_to_float(halves[i]);
+      EXPECT_EQ(got, static_cast<float>(N * (N + 1) / 2 * static_cast<int>(i % 5 + 1)))
+          << i << (fp16 ? " fp16" : " bf16");
+    }
+  }
+}
+
+// A buffer that does not split into equal chunks is refused, naming the collective, before any MPI
+// call and identically on every rank; on one rank every size splits.
+TEST(Communicator, ReduceScatterAndAllgatherInPlaceNeedAMultipleOfTheRanks) {
+  MpiCommunicator comm(test::world());
+  std::vector<float> values(2 * comm.size() + 1, 1.0f);
+  if (comm.size() == 1) {
+    comm.reduce_scatter(std::span<float>(values), ReduceOp::kSum, "one rank");
+    comm.allgather_in_place(std::span<float>(values), "one rank");
+    EXPECT_EQ(values, std::vector<float>(3, 1.0f));
+    return;
+  }
+  test_util::expect_error([&] { comm.reduce_scatter(std::span<float>(values), ReduceOp::kSum, "grads"); },
+                          {"reduce-scatter of", "not a multiple of the ranks", "grads"});
+  test_util::expect_error([&] { comm.allgather_in_place(std::span<float>(values), "params"); },
+                          {"allgather of", "not a multiple of the ranks", "params"});
+}
+
 TEST(Communicator, AllgatherRejectsAWrongReceiveSize) {
   MpiCommunicator comm(test::world());
   std::vector<float> send(3), recv(3 * comm.size() + 1);
@@ -263,6 +349,30 @@ TEST(Communicator, WatchdogWarnsWhenAPeerIsLate) {
 // The staged communicator (distributed.backend "mpi" on a GPU) copies each buffer of its device to
 // the host, reduces it there and copies it back: here on the reference device, whose backend does
 // those copies with the same interface as a GPU's, against the same closed forms.
+// Device buffers (the reference backend's) reduce-scattered and gathered in place through the host.
+TEST(StagedCommunicator, ReduceScattersAndGathersInPlace) {
+  MpiCommunicator host(test::world());
+  StagedCommunicator staged(host, Device::reference());
+  const int N = staged.size(), r = staged.rank();
+  for (std::size_t chunk : {std::size_t{1}, std::size_t{1000}}) {
+    const std::size_t n = chunk * static_cast<std::size_t>(N);
+    const Tensor t = Tensor::from_data({static_cast<int64_t>(n)}, ramp<float>(n, r)).to(Device::reference());
+    Pending p =
+        staged.start_reduce_scatter(std::span<float>(t.data_ptr(), n), ReduceOp::kAverage, "staged rs");
+    staged.wait(p);
+    const std::vector<float> scattered = t.to_vector();
+    std::size_t bad = 0;
+    for (std::size_t i = r * chunk; i < (r + 1) * chunk; ++i)
+      bad += scattered[i] != (N + 1) / 2.0f * static_cast<float>(i % 97 + 1);
+    EXPECT_EQ(bad, 0u) << chunk << " elements per chunk, rank " << r;
+    staged.allgather_in_place(std::span<float>(t.data_ptr(), n), "staged allgather");
+    const std::vector<float> gathered = t.to_vector();
+    bad = 0;
+    for (std::size_t i = 0; i < n; ++i) bad += gathered[i] != (N + 1) / 2.0f * static_cast<float>(i % 97 + 1);
+    EXPECT_EQ(bad, 0u) << chunk << " elements per chunk, gathered, rank " << r;
+  }
+}
+
 TEST(StagedCommunicator, ReducesBroadcastsAndGathersDeviceBuffers) {
   MpiCommunicator host(test::world());
   StagedCommunicator staged(host, Device::reference());

@@ -78,6 +78,13 @@ class SelfCommunicator final : public Communicator {
                           const std::string&) override {
     std::memcpy(recv, send, count * element_size(type));
   }
+  Pending start_reduce_scatter_elements(void*, std::size_t, DataType, ReduceOp, std::string,
+                                        std::string) override {
+    return {};
+  }
+  Pending start_allgather_in_place_elements(void*, std::size_t, DataType, std::string, std::string) override {
+    return {};
+  }
 };
 
 // A gradient reducer over `parameters` moved into flat buffers of their own (the trainer's layout).

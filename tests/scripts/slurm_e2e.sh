@@ -42,21 +42,27 @@ echo "  cluster up in $(since "$started") s"
 eval "$("${CLUSTER[@]}" env --dir "$CLUSTER_DIR")"
 export DPTRAIN_TRAINER=$TRAINER
 
-# 192 steps per epoch on 2 ranks, 4 epochs (768 steps, about 5 s here), a checkpoint every 20.
-RUN=(--set threads=1 --set "data.dir=\"$SRC/data/mnist\"" --set data.max_train_samples=12288
-     --set data.max_test_samples=500 --set data.batch_size=32 --set training.epochs=4
-     --set checkpoint.every_steps=20 --set checkpoint.every_epochs=0)
+# The MNIST CNN on 2 ranks, a checkpoint every 20 steps. SHORT: 128 steps per epoch, 2 epochs (about
+# 2 s here), for the cases that signal a job mid-run; LONG: 192 x 4 = 768 steps (about 5 s), for the
+# time limit, whose warning comes when Slurm next checks (below).
+COMMON=(--set threads=1 --set "data.dir=\"$SRC/data/mnist\"" --set data.max_test_samples=500
+        --set data.batch_size=32 --set checkpoint.every_steps=20 --set checkpoint.every_epochs=0)
+SHORT=("${COMMON[@]}" --set data.max_train_samples=8192 --set training.epochs=2)
+LONG=("${COMMON[@]}" --set data.max_train_samples=12288 --set training.epochs=4)
 CONFIG=$SRC/configs/mnist.json
 
-# The reference: mpirun, never interrupted.
-"$MPIEXEC" -np 2 --oversubscribe "$TRAINER" --config "$CONFIG" --set "output_dir=\"$SCRATCH/reference\"" "${RUN[@]}" \
-  >reference.out 2>&1 || { tail -n 5 reference.out; fail "the mpirun reference run failed"; }
+# reference NAME RUN: the uninterrupted run under mpirun, in $SCRATCH/NAME.
+reference() {
+  local -n run=$2
+  "$MPIEXEC" -np 2 --oversubscribe "$TRAINER" --config "$CONFIG" --set "output_dir=\"$SCRATCH/$1\"" "${run[@]}" \
+    >"$1.out" 2>&1 || { tail -n 5 "$1.out"; fail "the mpirun reference run $1 failed"; }
+}
 
-# same_weights NAME: NAME's final weights are the reference's, byte for byte.
+# same_weights NAME REFERENCE: NAME's final weights are the reference run's, byte for byte.
 same_weights() {
   [ -e "$SCRATCH/$1/model.safetensors" ] || fail "$1: no model.safetensors"
-  cmp -s "$SCRATCH/reference/model.safetensors" "$SCRATCH/$1/model.safetensors" ||
-    fail "$1: model.safetensors differs from the uninterrupted mpirun run's"
+  cmp -s "$SCRATCH/$2/model.safetensors" "$SCRATCH/$1/model.safetensors" ||
+    fail "$1: model.safetensors differs from the uninterrupted mpirun run's ($2)"
   echo "  $1: model.safetensors byte-identical to mpirun -np 2's"
 }
 
@@ -75,19 +81,21 @@ wait_job() {
   done
 }
 
-# submit NAME [sbatch options]: the batch script on 2 tasks of one node; JOB holds its id. The
+# submit NAME RUN [sbatch options]: the batch script on 2 tasks of one node; JOB holds its id. The
 # output (appended to across requeues) is NAME.job.out.
 submit() {
   local name=$1
-  shift
+  local -n run=$2
+  shift 2
   JOB=$(sbatch --parsable --nodes=1 --ntasks=2 --output="$SCRATCH/$name.job.out" "$@" "$BATCH" "$CONFIG" \
-        --set "output_dir=\"$SCRATCH/$name\"" "${RUN[@]}") || fail "$name: sbatch failed"
+        --set "output_dir=\"$SCRATCH/$name\"" "${run[@]}") || fail "$name: sbatch failed"
 }
 
-# finished NAME STOPPED_BY: the job ran twice (Restarts=1), the first run stopped by STOPPED_BY with
-# a checkpoint and status 75, the second resumed from it, and the weights are the reference's.
+# finished_after_requeue NAME STOPPED_BY REFERENCE: the job ran twice (Restarts=1), the first run
+# stopped by STOPPED_BY with a checkpoint and status 75, the second resumed from it, and the weights
+# are the reference run's.
 finished_after_requeue() {
-  local name=$1 stopped_by=$2 out="$SCRATCH/$1.job.out"
+  local name=$1 stopped_by=$2 reference=$3 out="$SCRATCH/$1.job.out"
   wait_job "$JOB" COMPLETED 90
   local restarts
   restarts=$(job_field "$JOB" Restarts)
@@ -98,76 +106,107 @@ finished_after_requeue() {
   [[ "$stop_line" == *"stopped by $stopped_by"* ]] || fail "$name: $stop_line (expected $stopped_by)"
   echo "  $name: ${stop_line#dptrain: }"
   grep -m1 "dptrain: resuming from" "$out" | sed 's/^dptrain: /    /'
-  same_weights "$name"
+  same_weights "$name" "$reference"
 }
 
 # --- srun, one node and two
-for layout in "1 -N 1 -n 2" "2 -N 2 -n 2"; do
-  hosts=${layout%% *} args=${layout#* }
-  name=srun_${hosts}host
-  # shellcheck disable=SC2086  # args: srun's options
-  srun --mpi=pmix $args "$TRAINER" --config "$CONFIG" --set "output_dir=\"$SCRATCH/$name\"" "${RUN[@]}" \
-    >"$name.out" 2>"$name.err" || { tail -n 5 "$name.out" "$name.err"; fail "srun --mpi=pmix $args failed"; }
-  grep -q "dptrain: 2 rank(s) on $hosts host(s)" "$name.out" ||
-    fail "srun $args: expected '2 rank(s) on $hosts host(s)', got: $(grep -m1 'rank(s) on' "$name.out")"
-  # Under Slurm progress prints plain lines (no carriage returns), one per 100 steps.
-  ! grep -q $'\r' "$name.out" || fail "srun $args: progress used carriage returns under Slurm"
-  grep -q "^epoch 4/4 step 100/192" "$name.out" || fail "srun $args: no progress lines"
-  echo "  srun --mpi=pmix $args: $(grep -m1 -o '2 rank(s) on [0-9] host(s)' "$name.out"), progress in lines"
-  same_weights "$name"
-done
+case_srun() {
+  reference reference_short SHORT
+  local layout hosts args name
+  for layout in "1 -N 1 -n 2" "2 -N 2 -n 2"; do
+    hosts=${layout%% *} args=${layout#* } name=srun_${hosts}host
+    # shellcheck disable=SC2086  # args: srun's options
+    srun --mpi=pmix $args "$TRAINER" --config "$CONFIG" --set "output_dir=\"$SCRATCH/$name\"" "${SHORT[@]}" \
+      >"$name.out" 2>"$name.err" || { tail -n 5 "$name.out" "$name.err"; fail "srun --mpi=pmix $args failed"; }
+    grep -q "dptrain: 2 rank(s) on $hosts host(s)" "$name.out" ||
+      fail "srun $args: expected '2 rank(s) on $hosts host(s)', got: $(grep -m1 'rank(s) on' "$name.out")"
+    # Under Slurm progress prints plain lines (no carriage returns), one per 100 steps.
+    ! grep -q $'\r' "$name.out" || fail "srun $args: progress used carriage returns under Slurm"
+    grep -q "^epoch 2/2 step 100/128" "$name.out" || fail "srun $args: no progress lines"
+    echo "  srun --mpi=pmix $args: $(grep -m1 -o '2 rank(s) on [0-9] host(s)' "$name.out"), progress in lines"
+    same_weights "$name" reference_short
+  done
+}
 
 # --- time_limit. Slurm checks time limits every 30 s from slurmctld's start, and sends the
 # --signal warning at the first check that finds the job within its warning time: with USR1@60 and a
-# one-minute limit, at the first check after the job starts. The job is submitted a few seconds
-# before a check, so that the warning comes early in its 5 s of training.
-ctld_start=$(date -d "$(sed -n 's/^\[\([^]]*\)\] slurmctld version .* started.*/\1/p' "$CLUSTER_DIR/log/slurmctld.log" | tail -1)" +%s.%N)
-for attempt in 1 2; do
-  next_check=$(awk -v s="$ctld_start" -v now="$(date +%s.%N)" \
-    'BEGIN { k = int((now - s) / 30) + 1; while (s + 30 * k - now < 4) k++; printf "%.3f", s + 30 * k }')
-  sleep "$(awk -v t="$next_check" -v now="$(date +%s.%N)" 'BEGIN { printf "%.3f", t - now - 3.5 }')"
-  rm -rf "$SCRATCH/time_limit" "$SCRATCH/time_limit.job.out"
-  submit time_limit --time=1 --signal=USR1@60
-  # The job must be running a second before the check it was aimed at (the ranks need that long to
-  # install their handlers); one that started after it would get the warning 30 s later, after it
-  # had finished. Then it goes again, aimed at the next check.
-  until [ "$(job_field "$JOB" JobState)" != PENDING ] ||
-    awk -v t="$next_check" -v now="$(date +%s.%N)" 'BEGIN { exit !(now >= t - 1) }'; do sleep 0.1; done
-  [ "$(job_field "$JOB" JobState)" != PENDING ] && break
-  echo "  time_limit: job $JOB had not started a second before the time-limit check it was aimed at"
-  scancel "$JOB"
-  [ $attempt = 2 ] && fail "time_limit: twice the job did not start within 2.5 s of its submission"
-done
-finished_after_requeue time_limit SIGUSR1
-grep -m1 "^JobId=$JOB .*JobState=PENDING" "$CLUSTER_DIR/log/jobcomp.txt" >/dev/null ||
-  fail "time_limit: the job completion log has no requeue record for job $JOB"
-echo "    the job completion log: $(grep "^JobId=$JOB " "$CLUSTER_DIR/log/jobcomp.txt" | grep -o 'JobState=[A-Z]*' | paste -sd' ')"
+# one-minute limit, at the first check after the job starts. The job is submitted 3.5 s before a
+# check, so that the warning comes early in its 5 s of training.
+CTLD_START=$(date -d "$(sed -n 's/^\[\([^]]*\)\] slurmctld version .* started.*/\1/p' "$CLUSTER_DIR/log/slurmctld.log" | tail -1)" +%s.%N)
+# The next check at least 4 s away.
+next_check() {
+  awk -v s="$CTLD_START" -v now="$(date +%s.%N)" \
+    'BEGIN { k = int((now - s) / 30) + 1; while (s + 30 * k - now < 4) k++; printf "%.3f", s + 30 * k }'
+}
+seconds_until() { awk -v t="$1" -v now="$(date +%s.%N)" 'BEGIN { printf "%.3f", t - now }'; }
+
+case_time_limit() {
+  local attempt check
+  for attempt in 1 2; do
+    check=$(next_check)
+    sleep "$(awk -v left="$(seconds_until "$check")" 'BEGIN { printf "%.3f", left - 3.5 }')"
+    rm -rf "$SCRATCH/time_limit" "$SCRATCH/time_limit.job.out"
+    submit time_limit LONG --time=1 --signal=USR1@60
+    # The job must be running a second before the check it was aimed at (the ranks need that long to
+    # install their handlers); one that started after it would get the warning 30 s later, after it
+    # had finished. Then it goes again, aimed at the next check.
+    until [ "$(job_field "$JOB" JobState)" != PENDING ] ||
+      awk -v left="$(seconds_until "$check")" 'BEGIN { exit !(left <= 1) }'; do sleep 0.1; done
+    [ "$(job_field "$JOB" JobState)" != PENDING ] && break
+    echo "  time_limit: job $JOB had not started a second before the time-limit check it was aimed at"
+    scancel "$JOB"
+    [ $attempt = 2 ] && fail "time_limit: twice the job did not start within 2.5 s of its submission"
+  done
+  finished_after_requeue time_limit SIGUSR1 reference_long
+  grep -m1 "^JobId=$JOB .*JobState=PENDING" "$CLUSTER_DIR/log/jobcomp.txt" >/dev/null ||
+    fail "time_limit: the job completion log has no requeue record for job $JOB"
+  echo "    the job completion log: $(grep "^JobId=$JOB " "$CLUSTER_DIR/log/jobcomp.txt" | grep -o 'JobState=[A-Z]*' | paste -sd' ')"
+}
 
 # --- scancel_term and requeue: a signal mid-run, once the step-40 checkpoint exists.
-submit scancel_term
-wait_for "$SCRATCH/scancel_term/checkpoints/ckpt-00000040.safetensors"
-scancel --signal=TERM "$JOB"
-finished_after_requeue scancel_term SIGTERM
+case_scancel_term() {
+  submit scancel_term SHORT
+  wait_for "$SCRATCH/scancel_term/checkpoints/ckpt-00000040.safetensors"
+  scancel --signal=TERM "$JOB"
+  finished_after_requeue scancel_term SIGTERM reference_short
+}
 
-submit requeue
-wait_for "$SCRATCH/requeue/checkpoints/ckpt-00000040.safetensors"
-scontrol requeue "$JOB"
-finished_after_requeue requeue SIGTERM
+case_requeue() {
+  submit requeue SHORT
+  wait_for "$SCRATCH/requeue/checkpoints/ckpt-00000040.safetensors"
+  scontrol requeue "$JOB"
+  finished_after_requeue requeue SIGTERM reference_short
+}
 
 # --- kill: SIGKILL to the step's tasks, as the OOM killer or a dying node would. (`scancel
 # --signal=KILL JOB`, without the step, is a cancel in Slurm 22.05: SIGTERM first, KillWait, then
 # SIGKILL, as the requeue case.)
-submit kill
-wait_for "$SCRATCH/kill/checkpoints/ckpt-00000060.safetensors"
-scancel --signal=KILL "$JOB.0"
-wait_job "$JOB" FAILED 30
-echo "  kill: the job $(job_field "$JOB" JobState) with exit code $(job_field "$JOB" ExitCode) (no checkpoint at the kill)"
-! grep -q "dptrain: stopped by" "$SCRATCH/kill.job.out" || fail "kill: the ranks stopped with a checkpoint; SIGKILL allows none"
-scontrol requeue "$JOB"
-wait_job "$JOB" COMPLETED 90
-resumed=$(grep -m1 "dptrain: resuming from" "$SCRATCH/kill.job.out") || fail "kill: the requeued job did not resume"
-step=$(echo "$resumed" | sed -n 's/.*ckpt-0*\([0-9]*\)\.safetensors.*/\1/p')
-[ $((step % 20)) = 0 ] && [ "$step" -ge 60 ] || fail "kill: resumed from step $step, not a periodic checkpoint (every 20) at or after 60"
-echo "  kill: requeued, ${resumed#dptrain: }"
-same_weights kill
+case_kill() {
+  submit kill SHORT
+  wait_for "$SCRATCH/kill/checkpoints/ckpt-00000060.safetensors"
+  scancel --signal=KILL "$JOB.0"
+  wait_job "$JOB" FAILED 30
+  echo "  kill: the job $(job_field "$JOB" JobState) with exit code $(job_field "$JOB" ExitCode) (no checkpoint at the kill)"
+  ! grep -q "dptrain: stopped by" "$SCRATCH/kill.job.out" || fail "kill: the ranks stopped with a checkpoint; SIGKILL allows none"
+  scontrol requeue "$JOB"
+  wait_job "$JOB" COMPLETED 90
+  local resumed step
+  resumed=$(grep -m1 "dptrain: resuming from" "$SCRATCH/kill.job.out") || fail "kill: the requeued job did not resume"
+  step=$(echo "$resumed" | sed -n 's/.*ckpt-0*\([0-9]*\)\.safetensors.*/\1/p')
+  [ $((step % 20)) = 0 ] && [ "$step" -ge 60 ] || fail "kill: resumed from step $step, not a periodic checkpoint (every 20) at or after 60"
+  echo "  kill: requeued, ${resumed#dptrain: }"
+  same_weights kill reference_short
+}
+
+case_srun
+reference reference_long LONG
+# The other cases (about 10 s each, the requeue's wait included) fill the wait for the time-limit
+# check that the time_limit case aims at.
+pending=(scancel_term requeue kill)
+while [ ${#pending[@]} -gt 0 ] && awk -v left="$(seconds_until "$(next_check)")" 'BEGIN { exit !(left > 15) }'; do
+  "case_${pending[0]}"
+  pending=("${pending[@]:1}")
+done
+case_time_limit
+for name in "${pending[@]}"; do "case_$name"; done
 echo "  all cases: $(since "$started") s from the cluster's start"
