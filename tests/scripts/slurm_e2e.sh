@@ -163,19 +163,19 @@ case_time_limit() {
   echo "    the job completion log: $(grep "^JobId=$JOB " "$CLUSTER_DIR/log/jobcomp.txt" | grep -o 'JobState=[A-Z]*' | paste -sd' ')"
 }
 
-# --- scancel_term and requeue: a signal mid-run, once the step-40 checkpoint exists.
-case_scancel_term() {
-  submit scancel_term SHORT
+# --- scancel_term and requeue: a signal mid-run, once the step-40 checkpoint exists. The two jobs
+# run side by side, one on each node, so that their waits to start again overlap.
+case_scancel_term_and_requeue() {
+  submit scancel_term SHORT --nodelist=n1
+  local scancelled=$JOB
+  submit requeue SHORT --nodelist=n2
+  local requeued=$JOB
   wait_for "$SCRATCH/scancel_term/checkpoints/ckpt-00000040.safetensors"
-  scancel --signal=TERM "$JOB"
-  finished_after_requeue scancel_term SIGTERM reference_short
-}
-
-case_requeue() {
-  submit requeue SHORT
+  scancel --signal=TERM "$scancelled"
   wait_for "$SCRATCH/requeue/checkpoints/ckpt-00000040.safetensors"
-  scontrol requeue "$JOB"
-  finished_after_requeue requeue SIGTERM reference_short
+  scontrol requeue "$requeued"
+  JOB=$scancelled finished_after_requeue scancel_term SIGTERM reference_short
+  JOB=$requeued finished_after_requeue requeue SIGTERM reference_short
 }
 
 # --- kill: SIGKILL to the step's tasks, as the OOM killer or a dying node would. (`scancel
@@ -200,9 +200,9 @@ case_kill() {
 
 case_srun
 reference reference_long LONG
-# The other cases (about 10 s each, the requeue's wait included) fill the wait for the time-limit
+# The other cases (about 10 s each, the requeues' waits included) fill the wait for the time-limit
 # check that the time_limit case aims at.
-pending=(scancel_term requeue kill)
+pending=(scancel_term_and_requeue kill)
 while [ ${#pending[@]} -gt 0 ] && awk -v left="$(seconds_until "$(next_check)")" 'BEGIN { exit !(left > 15) }'; do
   "case_${pending[0]}"
   pending=("${pending[@]:1}")
