@@ -12,6 +12,14 @@
 
 namespace dptrain {
 
+// A contiguous range of the flat buffers, in elements.
+struct FlatRange {
+  int64_t offset = 0;
+  int64_t numel = 0;
+  int64_t end() const { return offset + numel; }
+  bool operator==(const FlatRange&) const = default;
+};
+
 class FlatParameters {
  public:
   // Moves `parameters` (values kept, gradients so far dropped) into flat buffers on `device`: the

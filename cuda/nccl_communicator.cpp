@@ -45,6 +45,18 @@ ncclDataType_t nccl_type(DataType type) {
   DPTRAIN_FAIL("NCCL has no plain 16-bit integer type; reduce uint16 data over the host communicator");
 }
 
+ncclRedOp_t nccl_op(distributed::ReduceOp op) {
+  switch (op) {
+    case distributed::ReduceOp::kSum:
+      return ncclSum;
+    case distributed::ReduceOp::kAverage:
+      return ncclAvg;
+    case distributed::ReduceOp::kMax:
+      return ncclMax;
+  }
+  DPTRAIN_FAIL("unknown reduce operation");
+}
+
 // A collective in flight: its completion event on the NCCL stream. Its buffers belong to the compute
 // stream's memory pool, where a block released is reused in that stream's order: so the compute
 // stream waits for the collective once the work is gone, wait() or not (PyTorch's recordStream),
@@ -233,7 +245,7 @@ distributed::Pending NcclCommunicator::start_allreduce_elements(void* data, std:
                                                                 distributed::ReduceOp op, std::string what,
                                                                 std::string) {
   if (count == 0) return {};
-  const ncclRedOp_t reduce = op == distributed::ReduceOp::kAverage ? ncclAvg : ncclSum;
+  const ncclRedOp_t reduce = nccl_op(op);
   return launch(what, [&] {
     DPTRAIN_NCCL_CHECK(ncclAllReduce(data, data, count, nccl_type(type), reduce, comm_, stream_));
   });
@@ -274,7 +286,7 @@ distributed::Pending NcclCommunicator::start_reduce_scatter_elements(void* data,
                                                                      DataType type, distributed::ReduceOp op,
                                                                      std::string what, std::string) {
   if (chunk == 0) return {};
-  const ncclRedOp_t reduce = op == distributed::ReduceOp::kAverage ? ncclAvg : ncclSum;
+  const ncclRedOp_t reduce = nccl_op(op);
   char* mine =
       static_cast<char*>(data) + static_cast<std::size_t>(rank_) * chunk * distributed::element_size(type);
   return launch(what, [&] {

@@ -1,5 +1,6 @@
 // The "allreduce" gradient sync: GradientReducer's bucketed allreduce, overlapped with the last
-// backward pass of the step, in a registered wire encoding.
+// backward pass of the step, in a registered wire encoding; or, with a sharded optimizer, its
+// reduce-scatter and the all-gather of the updated parameters.
 #include "distributed/gradient_encoding.h"
 #include "distributed/gradient_sync.h"
 #include "distributed/reducer.h"
@@ -27,6 +28,9 @@ class AllreduceSync : public GradientSync {
   void finish_step() override { reducer_.finish(); }
   const int32_t* update_skip_flag() const override { return reducer_.non_finite_flag(); }
   void check_deferred() override { reducer_.check_non_finite_flag(); }
+
+  const ShardLayout* optimizer_shard() const override { return reducer_.shard_layout(); }
+  void after_update() override { reducer_.gather_parameters(); }
 
   double take_seconds_in_backward() override { return reducer_.take_times().in_backward_s; }
   int64_t payload_bytes(int64_t /*step*/) const override { return payload_bytes_; }

@@ -17,7 +17,8 @@
 
 namespace dptrain::distributed {
 
-enum class ReduceOp { kSum, kAverage };
+// kMax: of integers and fp32/fp64 only (flags agreed across ranks).
+enum class ReduceOp { kSum, kAverage, kMax };
 
 enum class DataType { kF32, kF64, kI32, kI64, kU64, kU16, kU8, kF16, kBf16 };
 

@@ -51,11 +51,29 @@ inline double to_double(int64_t q) {  // |q| < 2^51: exact
 
 }  // namespace
 
-ExactGradientSum::ExactGradientSum(Communicator& comm, const FlatParameters& parameters)
+ExactGradientSum::ExactGradientSum(Communicator& comm, const FlatParameters& parameters, bool shard)
     : comm_(comm), parameters_(parameters) {
   DPTRAIN_CHECK(parameters.device().is_host(),
                 "distributed.deterministic sums gradients on the host; the parameters are in ",
                 parameters.device().str(), " memory (set device \"cpu\")");
+  if (shard) shard_.emplace(std::vector<FlatRange>{{0, parameters.size()}}, comm.size(), comm.rank());
+}
+
+void ExactGradientSum::sum_across_ranks() {
+  const std::string what = "of fixed-point gradients at step " + std::to_string(step_);
+  if (!shard_) {
+    comm_.allreduce(std::span<int64_t>(fixed_), ReduceOp::kSum, "allreduce " + what);
+    return;
+  }
+  if (comm_.size() == 1) return;
+  const FlatRange tail = shard_->tail(0);
+  Pending scatter = comm_.start_reduce_scatter(
+      std::span<int64_t>(fixed_.data(), static_cast<std::size_t>(shard_->scattered(0).numel)), ReduceOp::kSum,
+      "reduce-scatter " + what);
+  comm_.wait(scatter);
+  if (tail.numel > 0)
+    comm_.allreduce(std::span<int64_t>(fixed_.data() + tail.offset, static_cast<std::size_t>(tail.numel)),
+                    ReduceOp::kSum, "allreduce of the tail " + what);
 }
 
 void ExactGradientSum::begin(int64_t step, int64_t micro_batches, int64_t local) {
@@ -131,20 +149,24 @@ void ExactGradientSum::finish() {
       }
     }
   }
-  comm_.allreduce(std::span<int64_t>(fixed_), ReduceOp::kSum,
-                  "allreduce of fixed-point gradients at step " + std::to_string(step_));
-
+  sum_across_ranks();
+  const std::vector<FlatRange> whole = {{0, parameters_.size()}};
+  const std::vector<FlatRange>& mine = shard_ ? shard_->owned() : whole;
   float* grads = parameters_.grads().data_ptr();
   for (std::size_t t = 0; t < count; ++t) {
-    const int64_t offset = parameters_.offset(t), n = tensors[t].tensor.numel();
-    if (exponent[t] == kAllZero) {
-      std::fill_n(grads + offset, n, 0.0f);
-      continue;
+    const double unscale =
+        exponent[t] == kAllZero ? 0.0 : std::ldexp(1.0, -shift_for(exponent[t], micro_batches_));
+    for (const FlatRange& r : mine) {
+      const int64_t first = std::max(r.offset, parameters_.offset(t)),
+                    end = std::min(r.end(), parameters_.offset(t) + tensors[t].tensor.numel());
+      if (first >= end) continue;
+      if (exponent[t] == kAllZero) {
+        std::fill(grads + first, grads + end, 0.0f);
+        continue;
+      }
+      // Exact up to the cast: the one rounding of the sum is the cast to fp32.
+      for (int64_t k = first; k < end; ++k) grads[k] = static_cast<float>(to_double(fixed_[k]) * unscale);
     }
-    const double unscale = std::ldexp(1.0, -shift_for(exponent[t], micro_batches_));
-    // Exact up to the cast: the one rounding of the sum is the cast to fp32.
-    for (int64_t k = 0; k < n; ++k)
-      grads[offset + k] = static_cast<float>(to_double(fixed_[offset + k]) * unscale);
   }
 }
 

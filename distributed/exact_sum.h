@@ -19,19 +19,24 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "core/parameters.h"
 #include "distributed/communicator.h"
+#include "distributed/shard_layout.h"
 
 namespace dptrain::distributed {
 
 class ExactGradientSum {
  public:
-  // Host memory only: `parameters` on the CPU.
-  ExactGradientSum(Communicator& comm, const FlatParameters& parameters);
+  // Host memory only: `parameters` on the CPU. With `shard` (ZeRO-1) the fixed-point sums are
+  // reduce-scattered over shard_layout() instead of allreduced: the same integers, so the same bits,
+  // in this rank's shard only.
+  ExactGradientSum(Communicator& comm, const FlatParameters& parameters, bool shard = false);
+  const ShardLayout* shard_layout() const { return shard_ ? &*shard_ : nullptr; }
 
   // A step whose global batch is cut into `micro_batches` micro-batches; this rank computes `local` of
   // them, in any order. `step` labels messages.
@@ -39,15 +44,17 @@ class ExactGradientSum {
   // After the backward of one of this rank's micro-batches (seeded with its share of the step's
   // average): takes the gradients. The caller zeroes them before the next micro-batch.
   void add_micro_batch();
-  // Leaves the sum over every rank's micro-batches in the gradients, identical bits on every rank
-  // and for any split of the micro-batches into ranks.
+  // Leaves the sum over every rank's micro-batches in the gradients (in this rank's shard of them,
+  // with `shard`), identical bits on every rank and for any split of the micro-batches into ranks.
   void finish();
 
  private:
   std::span<const float> micro_batch_gradients(int64_t i) const;  // i < added_
+  void sum_across_ranks();
 
   Communicator& comm_;
   const FlatParameters& parameters_;
+  std::optional<ShardLayout> shard_;  // one window, the whole flat buffer
   int64_t step_ = 0, micro_batches_ = 0, local_ = 0, added_ = 0;
   // Every micro-batch but the last stays here; the last is still in the gradient buffer.
   std::vector<float> kept_;

@@ -12,7 +12,8 @@ namespace {
 class ExactSumSync : public GradientSync {
  public:
   explicit ExactSumSync(const GradientSyncContext& c)
-      : sum_(c.comm, c.parameters),
+      : sum_(c.comm, c.parameters, c.options.shard_optimizer),
+        comm_(c.comm),
         parameters_(c.parameters),
         micro_batch_samples_(c.options.micro_batch_samples),
         ranks_(c.comm.size()) {}
@@ -27,6 +28,12 @@ class ExactSumSync : public GradientSync {
   }
   void after_backward(int64_t /*index*/) override { sum_.add_micro_batch(); }
   void finish_step() override { sum_.finish(); }
+  const ShardLayout* optimizer_shard() const override { return sum_.shard_layout(); }
+  void after_update() override {
+    if (sum_.shard_layout() != nullptr)
+      sum_.shard_layout()->allgather(comm_, parameters_.values().data_ptr(),
+                                     "all-gather of the updated parameters");
+  }
 
   int64_t payload_bytes(int64_t /*step*/) const override {
     return static_cast<int64_t>(sizeof(int64_t)) * parameters_.size();
@@ -36,11 +43,14 @@ class ExactSumSync : public GradientSync {
     std::snprintf(text, sizeof text,
                   "deterministic, micro-batches of %lld samples summed in 64-bit fixed point",
                   static_cast<long long>(micro_batch_samples_));
-    return text;
+    if (sum_.shard_layout() == nullptr) return text;
+    return text + std::string(", optimizer sharded over ") + std::to_string(ranks_) +
+           " rank(s) (reduce-scatter of the sums, all-gather of the parameters)";
   }
 
  private:
   ExactGradientSum sum_;
+  Communicator& comm_;
   const FlatParameters& parameters_;
   int64_t micro_batch_samples_;
   int ranks_;

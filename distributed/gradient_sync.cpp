@@ -17,9 +17,11 @@ std::unique_ptr<GradientSync> make_local_sync(const GradientSyncContext& context
 namespace {
 
 std::span<const GradientSyncEntry* const> entries() {
-  static const GradientSyncEntry kAllreduce{"allreduce", make_allreduce_sync, {}},
+  static const GradientSyncEntry kAllreduce{
+      "allreduce", make_allreduce_sync, {}, false, /*shards_optimizer=*/true},
       kPowerSgd{"powersgd", make_powersgd_sync, {"powersgd.q", "powersgd.error"}, /*is_compression=*/true},
-      kExactSum{"exact_sum", make_exact_sum_sync, {}}, kLocal{"local", make_local_sync, {}};
+      kExactSum{"exact_sum", make_exact_sum_sync, {}, false, /*shards_optimizer=*/true},
+      kLocal{"local", make_local_sync, {}};
   static const GradientSyncEntry* const kEntries[] = {&kAllreduce, &kPowerSgd, &kExactSum, &kLocal};
   return kEntries;
 }
@@ -31,12 +33,17 @@ ReducerOptions reducer_options(const GradientSyncOptions& options, const std::st
           .first_bucket_mb = options.first_bucket_mb,
           .overlap = options.overlap,
           .encoding = encoding,
-          .check_finite = options.check_finite};
+          .check_finite = options.check_finite,
+          .shard = options.shard_optimizer};
 }
 
 std::unique_ptr<GradientSync> make_gradient_sync(const std::string& name,
                                                  const GradientSyncContext& context) {
-  return find_registered<GradientSyncEntry>(entries(), name, "gradient sync").make(context);
+  const GradientSyncEntry& entry = find_registered<GradientSyncEntry>(entries(), name, "gradient sync");
+  DPTRAIN_CHECK(!context.options.shard_optimizer || entry.shards_optimizer,
+                "distributed.shard_optimizer does not run with the \"", name,
+                "\" gradient sync; it runs with ", quoted_alternatives(sharding_gradient_sync_names()));
+  return entry.make(context);
 }
 
 std::vector<std::string> gradient_sync_names() {
@@ -47,6 +54,13 @@ std::vector<std::string> gradient_sync_state_names() {
   std::vector<std::string> names;
   for (const GradientSyncEntry* e : entries())
     names.insert(names.end(), e->state_names.begin(), e->state_names.end());
+  return names;
+}
+
+std::vector<std::string> sharding_gradient_sync_names() {
+  std::vector<std::string> names;
+  for (const GradientSyncEntry* e : entries())
+    if (e->shards_optimizer) names.push_back(e->name);
   return names;
 }
 

@@ -2,11 +2,14 @@
 // fixed points and never asks which strategy runs (PyTorch DDP's communication hooks, flashlight's
 // Reducer):
 //   begin_step -> for each of this rank's micro-batches: before_backward, backward, after_backward
-//     -> finish_step (the gradients now hold the average) -> optimizer
+//     -> finish_step (the gradients now hold the average) -> optimizer -> after_update
 // Strategies are registered by name (distributed/gradient_sync.cpp, one line each) and made by
 // make_gradient_sync: the bucketed overlapped allreduce with a wire encoding ("allreduce"),
 // PowerSGD ("powersgd"), the exact fixed-point sum of distributed.deterministic ("exact_sum"), and
-// no averaging at all, the compute-only baseline of scaling experiments ("local").
+// no averaging at all, the compute-only baseline of scaling experiments ("local"). "allreduce" and
+// "exact_sum" also shard the optimizer (ZeRO-1, distributed.shard_optimizer): the average is left in
+// this rank's shard only (optimizer_shard), the optimizer updates that, and after_update all-gathers
+// the parameters.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +22,7 @@
 #include "distributed/communicator.h"
 #include "distributed/powersgd.h"
 #include "distributed/reducer.h"
+#include "distributed/shard_layout.h"
 
 namespace dptrain::distributed {
 
@@ -29,6 +33,7 @@ struct GradientSyncOptions {
   double first_bucket_mb = 1;
   bool overlap = true;
   bool check_finite = true;
+  bool shard_optimizer = false;  // ZeRO-1 (distributed/shard_layout.h)
   PowerSgdOptions powersgd{};
   int64_t micro_batch_samples = 0;  // exact_sum: distributed.deterministic_micro_batch (for describe)
 };
@@ -76,6 +81,12 @@ class GradientSync {
   // line, a checkpoint, the end of an epoch).
   virtual void check_deferred() {}
 
+  // With a sharded optimizer: the ranges of the flat buffers where finish_step() leaves the average,
+  // which this rank's optimizer updates; null when every rank updates everything.
+  virtual const ShardLayout* optimizer_shard() const { return nullptr; }
+  // After the optimizer's update: with a sharded optimizer, every rank's updated ranges to every rank.
+  virtual void after_update() {}
+
   // Seconds spent inside backward's hooks since the last call (communication, not compute).
   virtual double take_seconds_in_backward() { return 0; }
   // Bytes this rank contributes to the gradient collectives of step `step` (on more than one rank).
@@ -102,6 +113,8 @@ struct GradientSyncEntry {
   std::vector<std::string> state_names;
   // Whether distributed.compression may name it (as "powersgd"), beside the wire encodings.
   bool is_compression = false;
+  // Whether it runs with options.shard_optimizer (distributed.shard_optimizer).
+  bool shards_optimizer = false;
 };
 
 std::unique_ptr<GradientSync> make_gradient_sync(const std::string& name, const GradientSyncContext& context);
@@ -110,5 +123,7 @@ std::vector<std::string> gradient_sync_names();
 std::vector<std::string> gradient_sync_state_names();
 // What distributed.compression accepts: the wire encodings, then the strategies that compress.
 std::vector<std::string> compression_names();
+// The strategies that run with a sharded optimizer.
+std::vector<std::string> sharding_gradient_sync_names();
 
 }  // namespace dptrain::distributed

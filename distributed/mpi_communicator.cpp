@@ -67,10 +67,11 @@ MPI_Op half_sum_op(HalfFormat format) {
   return ops[format == HalfFormat::kFp16 ? 0 : 1];
 }
 
-// MPI's sum for `type` (half types sum in half precision, and only sum).
+// MPI's op for `op` on `type` (half types sum in half precision, and only sum).
 MPI_Op sum_op(DataType type, ReduceOp op) {
   const bool half = type == DataType::kF16 || type == DataType::kBf16;
   DPTRAIN_CHECK(!half || op == ReduceOp::kSum, "a half-precision reduction only sums (pre-scale instead)");
+  if (op == ReduceOp::kMax) return MPI_MAX;
   return half ? half_sum_op(type == DataType::kF16 ? HalfFormat::kFp16 : HalfFormat::kBf16) : MPI_SUM;
 }
 

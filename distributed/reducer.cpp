@@ -46,9 +46,15 @@ GradientReducer::GradientReducer(Communicator& comm, const FlatParameters& param
     wire_ = make_storage(static_cast<std::size_t>(encoding_.bytes_per_element) *
                              static_cast<std::size_t>(std::max<int64_t>(parameters_.size(), 1)),
                          parameters_.device());
+  if (options_.shard) {
+    std::vector<FlatRange> windows;
+    for (const Bucket& bucket : buckets_) windows.push_back({bucket.offset, bucket.numel});
+    shard_.emplace(std::move(windows), comm_.size(), comm_.rank());
+  }
   for (const Bucket& bucket : buckets_)
-    labels_.push_back("allreduce of gradient bucket " + std::to_string(labels_.size()) + " (" +
-                      std::to_string(bucket.numel) + " elements, first parameter " +
+    labels_.push_back((shard_ ? "reduce-scatter" : "allreduce") + std::string(" of gradient bucket ") +
+                      std::to_string(labels_.size()) + " (" + std::to_string(bucket.numel) +
+                      " elements, first parameter " +
                       parameters_.parameters()[bucket.parameters.front()].name + ") at step ");
   if (options_.check_finite && !parameters_.device().is_host()) {
     non_finite_flag_ = make_storage(sizeof(int32_t), parameters_.device());
@@ -56,6 +62,7 @@ GradientReducer::GradientReducer(Communicator& comm, const FlatParameters& param
     backend_.copy_from_host(non_finite_flag_->as<int32_t>(), &zero, sizeof zero);
   }
   pending_.resize(buckets_.size());
+  pending_tail_.resize(buckets_.size());
   launched_.assign(buckets_.size(), false);
   ready_count_.assign(buckets_.size(), 0);
   if (comm_.size() > 1 && options_.overlap) {
@@ -93,7 +100,10 @@ std::string GradientReducer::describe() const {
   char text[128];
   std::snprintf(text, sizeof text, "%zu bucket(s), fusion threshold %g MiB, overlap %s", buckets_.size(),
                 options_.fusion_threshold_mb, options_.overlap ? "on" : "off");
-  return text;
+  if (!shard_) return text;
+  return text + std::string(", optimizer sharded over ") + std::to_string(comm_.size()) +
+         " rank(s) (reduce-scatter, update of this rank's 1/" + std::to_string(comm_.size()) +
+         ", all-gather of the parameters)";
 }
 
 float GradientReducer::loss_scale(int64_t passes) const {
@@ -147,6 +157,10 @@ void GradientReducer::launch(std::size_t b, bool async) {
     timeline::Span span("compress bucket ", "communication", index);
     encoding_.encode(backend_, grads.data(), wire, static_cast<int64_t>(grads.size()));
   }
+  if (shard_) {
+    launch_reduce_scatter(b, wire, async);
+    return;
+  }
   if (async) {
     pending_[b] = comm_.start_allreduce_elements(wire, grads.size(), encoding_.wire_type, ReduceOp::kSum,
                                                  label(b), span_name());
@@ -156,42 +170,104 @@ void GradientReducer::launch(std::size_t b, bool async) {
   }
 }
 
+void GradientReducer::launch_reduce_scatter(std::size_t b, void* wire, bool async) {
+  const ShardLayout& layout = *shard_;
+  const FlatRange tail = layout.tail(b);
+  char* bytes = static_cast<char*>(wire);
+  timeline::Span span(async ? "" : "reduce-scatter bucket ", "communication", static_cast<int>(b));
+  if (layout.chunk(b) > 0)
+    pending_[b] = comm_.start_reduce_scatter_elements(
+        bytes, static_cast<std::size_t>(layout.chunk(b)), encoding_.wire_type, ReduceOp::kSum, label(b),
+        timeline::enabled() ? "reduce-scatter bucket " + std::to_string(b) : std::string());
+  if (tail.numel > 0)
+    pending_tail_[b] = comm_.start_allreduce_elements(
+        bytes + (tail.offset - buckets_[b].offset) * encoding_.bytes_per_element,
+        static_cast<std::size_t>(tail.numel), encoding_.wire_type, ReduceOp::kSum, "tail of the " + label(b),
+        {});
+  if (async) return;
+  if (pending_[b].active()) comm_.wait(pending_[b]);
+  if (pending_tail_[b].active()) comm_.wait(pending_tail_[b]);
+}
+
+std::vector<FlatRange> GradientReducer::completed_ranges(std::size_t b) const {
+  if (!shard_) return {{buckets_[b].offset, buckets_[b].numel}};
+  return {shard_->chunk_of(b, comm_.rank()), shard_->tail(b)};
+}
+
+void GradientReducer::gather_parameters() {
+  if (!shard_ || comm_.size() == 1) return;
+  timeline::Span span("all-gather parameters", "communication");
+  shard_->allgather(comm_, parameters_.values().data_ptr(),
+                    "all-gather of the updated parameters at step " + std::to_string(step_));
+}
+
+void GradientReducer::agree_on_finite(const std::string& culprit) {
+  if (non_finite_flag_) {  // a device: the flags' maximum, without waiting on the host
+    Pending pending = comm_.start_allreduce_elements(non_finite_flag_->as<int32_t>(), 1, DataType::kI32,
+                                                     ReduceOp::kMax, "agreement on finite gradients", {});
+    comm_.wait(pending);
+    return;
+  }
+  int32_t found_on = culprit.empty() ? 0 : comm_.rank() + 1;
+  comm_.allreduce(std::span<int32_t>(&found_on, 1), ReduceOp::kMax,
+                  "agreement on finite gradients at step " + std::to_string(step_));
+  if (found_on == 0) return;
+  DPTRAIN_CHECK(culprit.empty(), culprit);
+  DPTRAIN_FAIL("non-finite averaged gradient at step ", step_, " in rank ", found_on - 1,
+               "'s shard of the gradients (distributed.shard_optimizer); not applied. Lower optimizer.lr",
+               encoding_.overflow_hint);
+}
+
 void GradientReducer::finish() {
   const auto start = std::chrono::steady_clock::now();
   armed_ = false;
+  std::string culprit;  // the first non-finite average this rank found
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    const std::span<float> grads = window(b);
     if (comm_.size() > 1) {
       // What backward did not launch (overlap off, or parameters that got no gradient) goes now, in
       // order: earlier buckets were launched first on every rank.
       if (!launched_[b]) {
         launch(b, /*async=*/false);
-      } else if (pending_[b].active()) {
+      } else {
         timeline::Span span("wait for bucket ", "communication", static_cast<int>(b));
-        comm_.wait(pending_[b]);
+        if (pending_[b].active()) comm_.wait(pending_[b]);
+        if (pending_tail_[b].active()) comm_.wait(pending_tail_[b]);
       }
       if (encoding_.decode != nullptr) {
         timeline::Span span("decompress bucket ", "communication", static_cast<int>(b));
-        encoding_.decode(backend_, wire_window(b), grads.data(), static_cast<int64_t>(grads.size()));
+        for (const FlatRange& r : completed_ranges(b))
+          encoding_.decode(backend_, wire_->as<char>() + r.offset * encoding_.bytes_per_element,
+                           parameters_.grads().data_ptr() + r.offset, r.numel);
       }
     }
     if (!options_.check_finite) continue;
-    if (non_finite_flag_) {  // a device: no wait here for a flag that is almost never set
-      const auto marker =
-          static_cast<int32_t>(std::min<int64_t>(step_ + 1, std::numeric_limits<int32_t>::max()));
-      backend_.mark_non_finite(grads.data(), static_cast<int64_t>(grads.size()),
-                               non_finite_flag_->as<int32_t>(), marker);
-      continue;
-    }
-    if (backend_.all_finite(grads.data(), static_cast<int64_t>(grads.size()))) continue;
-    // Name the culprit: the bucket's parameters one by one.
-    for (std::size_t k : buckets_[b].parameters) {
-      const float* g = parameters_.grads().data_ptr() + parameters_.offset(k);
-      DPTRAIN_CHECK(backend_.all_finite(g, parameters_.parameters()[k].tensor.numel()),
-                    "non-finite averaged gradient in ", parameters_.parameters()[k].name, " (bucket ", b,
-                    ") at step ", step_, "; not applied. Lower optimizer.lr", encoding_.overflow_hint);
+    for (const FlatRange& r : completed_ranges(b)) {
+      float* g = parameters_.grads().data_ptr() + r.offset;
+      if (non_finite_flag_) {  // a device: no wait here for a flag that is almost never set
+        const auto marker =
+            static_cast<int32_t>(std::min<int64_t>(step_ + 1, std::numeric_limits<int32_t>::max()));
+        backend_.mark_non_finite(g, r.numel, non_finite_flag_->as<int32_t>(), marker);
+        continue;
+      }
+      if (!culprit.empty() || backend_.all_finite(g, r.numel)) continue;
+      // Name the culprit: the bucket's parameters one by one, where this rank holds the average.
+      for (std::size_t k : buckets_[b].parameters) {
+        const int64_t first = std::max(r.offset, parameters_.offset(k)),
+                      end = std::min(r.end(),
+                                     parameters_.offset(k) + parameters_.parameters()[k].tensor.numel());
+        if (first < end && !backend_.all_finite(parameters_.grads().data_ptr() + first, end - first)) {
+          culprit = "non-finite averaged gradient in " + parameters_.parameters()[k].name + " (bucket " +
+                    std::to_string(b) + ") at step " + std::to_string(step_) +
+                    "; not applied. Lower optimizer.lr" + encoding_.overflow_hint;
+          break;
+        }
+      }
     }
   }
+  if (shard_ && options_.check_finite && comm_.size() > 1)
+    agree_on_finite(culprit);
+  else
+    DPTRAIN_CHECK(culprit.empty(), culprit);
   // The next step may skip prepare() (no overlap): nothing counts as launched then.
   std::fill(launched_.begin(), launched_.end(), false);
   times_.finish_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

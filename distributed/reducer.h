@@ -10,9 +10,15 @@
 // loss_scale(passes) = 1 / (passes x ranks), which costs nothing (the trainer's step takes the ranks
 // from GradientSync::ranks_in_average). Dividing before the sum (not after) is also what keeps a
 // half-precision sum from overflowing.
+//
+// With `shard` (ZeRO-1, distributed.shard_optimizer) each bucket is reduce-scattered instead
+// (distributed/shard_layout.h): finish() leaves the average only in this rank's chunks of the buckets,
+// the optimizer updates those, and gather_parameters() all-gathers the new values, bucket by bucket.
+// The same bytes on the wire as the allreduce, in the same buckets and with the same overlap.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +26,7 @@
 #include "core/parameters.h"
 #include "distributed/communicator.h"
 #include "distributed/gradient_encoding.h"
+#include "distributed/shard_layout.h"
 
 namespace dptrain::distributed {
 
@@ -32,6 +39,8 @@ struct ReducerOptions {
   // one read of the gradients per step (on this shared-memory machine ~10% of the allreduce itself;
   // next to a network allreduce, nothing).
   bool check_finite = true;
+  // Reduce-scatter the buckets and leave the update of each chunk to its rank (see above).
+  bool shard = false;
 };
 
 // Time the calling thread spent in the reducer since the last take_times(): communication and
@@ -68,6 +77,13 @@ class GradientReducer {
   const int32_t* non_finite_flag() const;
   void check_non_finite_flag();
 
+  // With `shard`: which chunks of the flat buffers finish() leaves the average in (this rank's), or
+  // null.
+  const ShardLayout* shard_layout() const { return shard_ ? &*shard_ : nullptr; }
+  // With `shard`, after the update of this rank's chunks: every rank's new parameter values to every
+  // rank (an in-place all-gather per bucket).
+  void gather_parameters();
+
   const std::vector<Bucket>& buckets() const { return buckets_; }
   std::vector<int64_t> bucket_bytes() const;  // of the fp32 gradients, in launch order
   // "3 bucket(s), fusion threshold 4 MiB, overlap on": for the run's summary.
@@ -77,6 +93,12 @@ class GradientReducer {
  private:
   void on_gradient_ready(std::size_t parameter);
   void launch(std::size_t bucket, bool async);
+  void launch_reduce_scatter(std::size_t bucket, void* wire, bool async);
+  // This rank's chunk and the tail of a bucket (the ranges finish() completes), or the whole bucket.
+  std::vector<FlatRange> completed_ranges(std::size_t bucket) const;
+  // With `shard`, after the local checks: every rank learns whether any rank's chunks were not
+  // finite; throws if so.
+  void agree_on_finite(const std::string& culprit);
   std::span<float> window(std::size_t bucket) const;
   std::string label(std::size_t bucket) const { return labels_[bucket] + std::to_string(step_); }
   void* wire_window(std::size_t bucket) const;
@@ -91,7 +113,9 @@ class GradientReducer {
   std::vector<std::string> labels_;     // "allreduce of gradient bucket 3 (...) at step "
   StoragePtr wire_;                     // a compressing encoding's buffer, the gradient buffer's layout
   StoragePtr non_finite_flag_;          // one int32 (non_finite_flag) on a device
-  std::vector<Pending> pending_;        // per bucket
+  std::optional<ShardLayout> shard_;
+  std::vector<Pending> pending_;       // per bucket
+  std::vector<Pending> pending_tail_;  // per bucket, with `shard`: the tail's allreduce
   std::vector<bool> launched_;
   std::vector<std::size_t> ready_count_;
   std::size_t next_launch_ = 0;

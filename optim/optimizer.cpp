@@ -8,12 +8,34 @@
 
 namespace dptrain::optim {
 
-Optimizer::Optimizer(const FlatParameters& parameters)
-    : parameters_(parameters), backend_(backend_for(parameters.device())) {}
+Optimizer::Optimizer(const FlatParameters& parameters, std::vector<FlatRange> owned)
+    : parameters_(parameters), backend_(backend_for(parameters.device())), sharded_(!owned.empty()) {
+  if (owned.empty()) owned.push_back({0, parameters.size()});
+  int64_t state_offset = 0;
+  for (const FlatRange& range : owned) {
+    DPTRAIN_CHECK(range.offset >= 0 && range.numel >= 0 && range.end() <= parameters_.size(),
+                  "optimizer shard [", range.offset, ", ", range.end(), ") outside the ", parameters_.size(),
+                  " elements of the flat parameters");
+    pieces_.push_back({.range = range, .state_offset = state_offset});
+    state_offset += range.numel;
+  }
+}
+
+Tensor Optimizer::new_slot() const {
+  int64_t elements = 0;
+  for (const Piece& p : pieces_) elements += p.range.numel;
+  return sharded_ ? Tensor::zeros({elements}, parameters_.device()) : parameters_.new_buffer();
+}
 
 void Optimizer::add_slot(const std::string& slot) {
   slot_names_.push_back(slot);
-  slots_.push_back(parameters_.new_buffer());
+  slots_.push_back(new_slot());
+}
+
+int64_t Optimizer::state_bytes() const {
+  int64_t bytes = 0;
+  for (const Tensor& slot : slots_) bytes += slot.numel() * static_cast<int64_t>(sizeof(float));
+  return bytes;
 }
 
 void Optimizer::step(float lr) {
@@ -23,10 +45,43 @@ void Optimizer::step(float lr) {
   update(lr);
 }
 
-std::vector<NamedTensor> Optimizer::state() const {
+std::vector<Tensor> Optimizer::whole_state_buffers() const {
+  std::vector<Tensor> whole;
+  for (const Tensor& slot : slots_) {
+    if (!sharded_) {
+      whole.push_back(slot.clone());
+      continue;
+    }
+    whole.push_back(parameters_.new_buffer());
+    for (const Piece& p : pieces_)
+      backend_.copy(whole.back().data_ptr() + p.range.offset, slot.data_ptr() + p.state_offset,
+                    sizeof(float) * static_cast<std::size_t>(p.range.numel));
+  }
+  return whole;
+}
+
+void Optimizer::take_state_from(const std::vector<Tensor>& whole) {
+  DPTRAIN_CHECK(whole.size() == slots_.size(), "optimizer state: ", whole.size(), " buffers for ",
+                slots_.size(), " slots");
+  for (std::size_t s = 0; s < slots_.size(); ++s) {
+    DPTRAIN_CHECK(whole[s].numel() == parameters_.size(), "optimizer state: a buffer of ", whole[s].numel(),
+                  " elements for the ", parameters_.size(), " of the flat layout");
+    for (const Piece& p : pieces_)
+      backend_.copy(slots_[s].data_ptr() + p.state_offset, whole[s].data_ptr() + p.range.offset,
+                    sizeof(float) * static_cast<std::size_t>(p.range.numel));
+  }
+}
+
+std::vector<NamedTensor> Optimizer::named_state(const std::vector<Tensor>& whole) const {
+  DPTRAIN_CHECK(whole.size() == slots_.size(), "optimizer state: ", whole.size(), " buffers for ",
+                slots_.size(), " slots");
   std::vector<NamedTensor> out;
-  for (std::size_t s = 0; s < slots_.size(); ++s)
-    for (NamedTensor& t : parameters_.windows(slots_[s], slot_names_[s])) out.push_back(std::move(t));
+  for (std::size_t s = 0; s < whole.size(); ++s) {
+    DPTRAIN_CHECK(whole[s].numel() == parameters_.size(), "optimizer state of slot ", slot_names_[s],
+                  " is sharded (", whole[s].numel(), " of ", parameters_.size(),
+                  " elements): gather it first (whole_state_buffers)");
+    for (NamedTensor& t : parameters_.windows(whole[s], slot_names_[s])) out.push_back(std::move(t));
+  }
   return out;
 }
 
@@ -36,7 +91,8 @@ Tensor Optimizer::state_of(const std::string& parameter, const std::string& slot
   return {};
 }
 
-Sgd::Sgd(const FlatParameters& parameters, SgdOptions options) : Optimizer(parameters), options_(options) {
+Sgd::Sgd(const FlatParameters& parameters, SgdOptions options, std::vector<FlatRange> owned)
+    : Optimizer(parameters, std::move(owned)), options_(options) {
   DPTRAIN_CHECK(!options_.nesterov || (options_.momentum > 0 && options_.dampening == 0),
                 "sgd: nesterov needs momentum > 0 and dampening 0 (as in PyTorch)");
   if (options_.momentum != 0.0f) add_slot("momentum_buffer");
@@ -50,11 +106,15 @@ void Sgd::update(float lr) {
                   .nesterov = options_.nesterov,
                   .first_step = steps_ == 1,
                   .skip_if_set = skip_flag_};
-  backend_.sgd_step(parameters_.values().data_ptr(), parameters_.grads().data_ptr(),
-                    options_.momentum != 0.0f ? slot_ptr(0) : nullptr, parameters_.size(), s);
+  float* momentum = options_.momentum != 0.0f ? slot_ptr(0) : nullptr;
+  for (const Piece& p : pieces())
+    backend_.sgd_step(parameters_.values().data_ptr() + p.range.offset,
+                      parameters_.grads().data_ptr() + p.range.offset,
+                      momentum != nullptr ? momentum + p.state_offset : nullptr, p.range.numel, s);
 }
 
-Adam::Adam(const FlatParameters& parameters, AdamOptions options) : Optimizer(parameters), options_(options) {
+Adam::Adam(const FlatParameters& parameters, AdamOptions options, std::vector<FlatRange> owned)
+    : Optimizer(parameters, std::move(owned)), options_(options) {
   add_slot("exp_avg");
   add_slot("exp_avg_sq");
 }
@@ -75,8 +135,10 @@ void Adam::update(float lr) {
                                 : 1.0f,
                    .l2 = o.decoupled_weight_decay ? 0.0f : o.weight_decay,
                    .skip_if_set = skip_flag_};
-  backend_.adam_step(parameters_.values().data_ptr(), parameters_.grads().data_ptr(), slot_ptr(0),
-                     slot_ptr(1), parameters_.size(), s);
+  for (const Piece& p : pieces())
+    backend_.adam_step(parameters_.values().data_ptr() + p.range.offset,
+                       parameters_.grads().data_ptr() + p.range.offset, slot_ptr(0) + p.state_offset,
+                       slot_ptr(1) + p.state_offset, p.range.numel, s);
 }
 
 }  // namespace dptrain::optim

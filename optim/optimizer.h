@@ -15,7 +15,9 @@ namespace dptrain::optim {
 
 class Optimizer {
  public:
-  explicit Optimizer(const FlatParameters& parameters);
+  // `owned`: ZeRO-1 (distributed/shard_layout.h), this optimizer updates only these ranges of the flat
+  // buffers and keeps state for them alone, packed in their order; empty: all of them.
+  explicit Optimizer(const FlatParameters& parameters, std::vector<FlatRange> owned = {});
   virtual ~Optimizer() = default;
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
@@ -30,21 +32,40 @@ class Optimizer {
   // finiteness check flagged a step: GradientSync::update_skip_flag). Null: always update.
   void skip_updates_while_set(const int32_t* flag) { skip_flag_ = flag; }
 
+  bool sharded() const { return sharded_; }
+  // Bytes of optimizer state this rank holds.
+  int64_t state_bytes() const;
+
   const std::vector<NamedTensor>& parameters() const { return parameters_.parameters(); }
   // Every state tensor, named "<parameter>.<slot>" (e.g. "0.weight.exp_avg"), slot after slot; with
-  // steps_taken(), everything a checkpoint must carry.
-  std::vector<NamedTensor> state() const;
-  // The state as flat buffers of the parameters' layout, one per slot (what a broadcast sends).
+  // steps_taken(), everything a checkpoint must carry. Unsharded only (see whole_state_buffers).
+  std::vector<NamedTensor> state() const { return named_state(state_buffers()); }
+  // The state buffers, one per slot: the parameters' flat layout, or this rank's ranges packed.
   const std::vector<Tensor>& state_buffers() const { return slots_; }
   // The tensor of one slot of one parameter's state, or undefined if there is no such slot.
   Tensor state_of(const std::string& parameter, const std::string& slot) const;
 
+  // The state in the parameters' flat layout, one new buffer per slot, with this rank's ranges filled
+  // in and zeros elsewhere (a sharded run gathers the other ranks' into them: ShardLayout::allgather).
+  std::vector<Tensor> whole_state_buffers() const;
+  // Takes this rank's ranges of whole buffers of that layout (a resume into a sharded run).
+  void take_state_from(const std::vector<Tensor>& whole);
+  // Buffers of the flat layout named per parameter and slot, as state() names them.
+  std::vector<NamedTensor> named_state(const std::vector<Tensor>& whole) const;
+
  protected:
   // Applies update number steps_taken() (already counted) to every parameter.
   virtual void update(float lr) = 0;
-  // Called from subclass constructors: a zero flat buffer per slot.
+  // Called from subclass constructors: a zero buffer per slot.
   void add_slot(const std::string& slot);
   float* slot_ptr(std::size_t slot) const { return slots_.at(slot).data_ptr(); }
+  // What update() runs over: ranges of the flat buffers, each with where its state starts in the
+  // slot buffers.
+  struct Piece {
+    FlatRange range;
+    int64_t state_offset = 0;
+  };
+  const std::vector<Piece>& pieces() const { return pieces_; }
 
   const FlatParameters& parameters_;
   Backend& backend_;
@@ -52,8 +73,12 @@ class Optimizer {
   const int32_t* skip_flag_ = nullptr;
 
  private:
+  Tensor new_slot() const;
+
   std::vector<std::string> slot_names_;
   std::vector<Tensor> slots_;
+  std::vector<Piece> pieces_;
+  bool sharded_ = false;
 };
 
 struct SgdOptions {
@@ -65,7 +90,7 @@ struct SgdOptions {
 
 class Sgd : public Optimizer {
  public:
-  Sgd(const FlatParameters& parameters, SgdOptions options);
+  Sgd(const FlatParameters& parameters, SgdOptions options, std::vector<FlatRange> owned = {});
 
  private:
   void update(float lr) override;
@@ -82,7 +107,7 @@ struct AdamOptions {
 
 class Adam : public Optimizer {
  public:
-  Adam(const FlatParameters& parameters, AdamOptions options);
+  Adam(const FlatParameters& parameters, AdamOptions options, std::vector<FlatRange> owned = {});
 
  private:
   void update(float lr) override;

@@ -7,10 +7,12 @@ namespace dptrain::optim {
 namespace {
 
 std::unique_ptr<Optimizer> make_sgd(const FlatParameters& parameters, const OptimizerSettings& s) {
-  return std::make_unique<Sgd>(parameters, SgdOptions{.momentum = static_cast<float>(s.momentum),
-                                                      .dampening = static_cast<float>(s.dampening),
-                                                      .nesterov = s.nesterov,
-                                                      .weight_decay = static_cast<float>(s.weight_decay)});
+  return std::make_unique<Sgd>(parameters,
+                               SgdOptions{.momentum = static_cast<float>(s.momentum),
+                                          .dampening = static_cast<float>(s.dampening),
+                                          .nesterov = s.nesterov,
+                                          .weight_decay = static_cast<float>(s.weight_decay)},
+                               s.owned);
 }
 
 AdamOptions adam_options(const OptimizerSettings& s, bool decoupled_weight_decay) {
@@ -21,10 +23,10 @@ AdamOptions adam_options(const OptimizerSettings& s, bool decoupled_weight_decay
           .decoupled_weight_decay = decoupled_weight_decay};
 }
 std::unique_ptr<Optimizer> make_adam(const FlatParameters& parameters, const OptimizerSettings& s) {
-  return std::make_unique<Adam>(parameters, adam_options(s, false));
+  return std::make_unique<Adam>(parameters, adam_options(s, false), s.owned);
 }
 std::unique_ptr<Optimizer> make_adamw(const FlatParameters& parameters, const OptimizerSettings& s) {
-  return std::make_unique<Adam>(parameters, adam_options(s, true));
+  return std::make_unique<Adam>(parameters, adam_options(s, true), s.owned);
 }
 
 constexpr OptimizerEntry kSgd{"sgd", make_sgd}, kAdam{"adam", make_adam}, kAdamW{"adamw", make_adamw};

@@ -16,6 +16,8 @@ struct OptimizerSettings {
   bool nesterov = false;
   double weight_decay = 0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  // The ranges of the flat buffers this rank updates (distributed.shard_optimizer); empty: all.
+  std::vector<FlatRange> owned;
 };
 
 struct OptimizerEntry {

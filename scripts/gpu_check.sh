@@ -244,6 +244,16 @@ compression() {
   echo "=> $1 against fp32, 2 ranks, 20 steps (max|diff| / max|w|): GPU $gpu, CPU $cpu (bound: 2x the CPU's)"
   awk -v g="$gpu" -v c="$cpu" 'BEGIN { exit !(g > 0 && g <= 2 * c) }'
 }
+sharded_optimizer() {
+  # ZeRO-1 on the GPU: 2 ranks through the MPI fallback reduce-scatter, update half each on the
+  # device, all-gather. On 2 ranks a + b has one order: the same bytes as the unsharded run.
+  local mpi=(--set device=cuda --set distributed.backend=mpi --set cuda.deterministic=true)
+  short_run 2 whole_gpu "${mpi[@]}" && short_run 2 sharded_gpu "${mpi[@]}" --set distributed.shard_optimizer=true ||
+    return 1
+  grep -q "^optimizer: .*sharded over 2 ranks" "$scratch/sharded_gpu.out" || return 1
+  cmp "$scratch/whole_gpu/model.safetensors" "$scratch/sharded_gpu/model.safetensors" || return 1
+  echo "=> 20 steps, 2 ranks on one GPU: the sharded optimizer's weights are bitwise the unsharded run's"
+}
 sync_mode_changes_nothing() {
   # DPTRAIN_CUDA_SYNC=1 synchronizes and checks after every op: slower, the same bits.
   short_run 1 async --set device=cuda --set cuda.deterministic=true &&
@@ -350,6 +360,7 @@ for step in "${steps[@]}"; do
       check train bf16_compression 120 compression bf16
       check train sgd_20_steps_gpu_vs_cpu 120 gpu_against_cpu
       check train cuda_sync_mode 120 sync_mode_changes_nothing
+      check train sharded_optimizer 120 sharded_optimizer
       check train resnet50_step_gpu_vs_cpu 240 resnet50_against_cpu
       ;;
     bench)

@@ -9,6 +9,7 @@
 
 #include "core/config_table.h"
 #include "core/error.h"
+#include "core/registry.h"
 #include "data/registry.h"
 #include "distributed/gradient_sync.h"
 #include "optim/registry.h"
@@ -156,8 +157,9 @@ void declare_top(Top t) {
   t.field("seed", &Config::seed, 0, Range{0, UINT64_MAX}, "Seeds initialisation, shuffling and dropout.");
   t.field("output_dir", &Config::output_dir, "runs/default", Any{},
           "Metrics, final weights and (by default) checkpoints go here.");
-  t.field("threads", &Config::threads, 0, Range{0, 1024},
-          "CPU threads per rank; 0: SLURM_CPUS_PER_TASK where Slurm sets it, else the host's cores / its ranks.");
+  t.field(
+      "threads", &Config::threads, 0, Range{0, 1024},
+      "CPU threads per rank; 0: SLURM_CPUS_PER_TASK where Slurm sets it, else the host's cores / its ranks.");
   t.field("device", &Config::device, DeviceKind::kCpu, kDevices,
           "`cuda`: rank r on GPU local_rank; `auto`: CUDA when built and a GPU is present.");
   auto cuda = t.section("cuda", &Config::cuda, "Switches of the CUDA backend.");
@@ -301,6 +303,9 @@ void declare_distributed(SectionBuilder<Config, DistributedConfig> d) {
           "Accumulate k batches locally, then reduce once.");
   d.field("check_finite", &D::check_finite, true, Any{},
           "Stop naming step, bucket, parameter on an Inf/NaN average.");
+  d.field("shard_optimizer", &D::shard_optimizer, false, Any{},
+          "ZeRO-1: reduce-scatter the gradients, update 1/N of the parameters with 1/N of the optimizer "
+          "state on each rank, all-gather the parameters. Checkpoints stay whole.");
   d.field("sync_batchnorm", &D::sync_batchnorm, false, Any{},
           "BatchNorm statistics over every rank's batch.");
   d.field("broadcast_buffers", &D::broadcast_buffers, true, Any{},
@@ -382,6 +387,8 @@ const char* const kRulesDoc = R"(
 - `distributed.compression` `"powersgd"` runs on `device` `"cpu"` (or `"auto"` landing on the CPU).
 - `distributed.gradient_sync`: `"exact_sum"` exactly when `distributed.deterministic`; with a
   `distributed.compression` other than `"none"`, `"auto"` or the strategy it runs with.
+- `distributed.shard_optimizer` runs with the gradient syncs `"allreduce"` and `"exact_sum"` (not
+  with `distributed.compression` `"powersgd"`, nor `"local"`).
 )";
 
 void validate_deterministic(const Config& c) {
@@ -421,6 +428,12 @@ void validate(const Config& c) {
                 "config key distributed.compression = \"", d.compression,
                 "\" runs with distributed.gradient_sync \"", automatic_gradient_sync(d),
                 "\" (or \"auto\"), not \"", d.gradient_sync, "\"");
+  const std::vector<std::string> sharding = distributed::sharding_gradient_sync_names();
+  DPTRAIN_CHECK(!d.shard_optimizer || std::ranges::find(sharding, sync) != sharding.end(),
+                "config key distributed.shard_optimizer runs with distributed.gradient_sync ",
+                quoted_alternatives(sharding), ", not \"", sync, "\"",
+                d.compression == "powersgd" ? " (distributed.compression = \"powersgd\")" : "",
+                "; set one of the two keys otherwise");
   // "auto" may still land on the CPU; PowerSgdReducer refuses GPU buffers if it does not.
   DPTRAIN_CHECK(
       sync != "powersgd" || c.device != DeviceKind::kCuda,

@@ -102,6 +102,9 @@ struct DistributedConfig {
   std::string gradient_sync{};  // "auto" or a registered strategy (distributed/gradient_sync.h)
   int64_t backward_passes_per_step{};
   bool check_finite{};
+  // ZeRO-1: gradients reduce-scattered, each rank updates 1/N of the parameters with the only copy of
+  // that part's optimizer state, parameters all-gathered (distributed/shard_layout.h).
+  bool shard_optimizer{};
   bool sync_batchnorm{};     // BatchNorm statistics over every rank's batch (SyncBatchNorm)
   bool broadcast_buffers{};  // rank 0's BatchNorm buffers to every rank before each step (DDP's default)
   // The same bits on any number of ranks and threads: fixed micro-batches in the sampler's global order,

@@ -46,6 +46,13 @@ void print_summary(const Config& config, const RunSummary& s) {
         config.optimizer.lr, s.scaled_lr,
         end_of_line == std::string::npos ? "" : (s.gradient_sync.substr(end_of_line + 1) + "\n").c_str());
   }
+  const bool sharded = config.distributed.shard_optimizer && s.ranks > 1;
+  std::printf("optimizer: %s, state %s per rank%s\n", s.optimizer.c_str(),
+              format_bytes(static_cast<double>(s.optimizer_state_bytes)).c_str(),
+              sharded ? (" (sharded over " + std::to_string(s.ranks) + " ranks: " +
+                         format_bytes(static_cast<double>(s.optimizer_state_bytes_all)) + " in all)")
+                            .c_str()
+                      : "");
   const CheckpointConfig& k = config.checkpoint;
   std::string every;
   if (k.every_steps > 0) every = std::to_string(k.every_steps) + " step(s)";
@@ -80,11 +87,13 @@ void print_epoch(const Config& config, int ranks, const EpochMetrics& m) {
   std::printf(
       "  per step %.2f ms: data %.2f | compute %.2f | communication not overlapped %.2f | optimizer %.2f | "
       "other "
-      "%.2f (mean of %d rank(s))%s\n",
+      "%.2f (mean of %d rank(s))%s; optimizer state %s per rank, peak RSS %s (largest rank)\n",
       1e3 * t.total, 1e3 * t.data, 1e3 * t.compute, 1e3 * t.communication, 1e3 * t.optimizer,
       1e3 * (t.total - t.data - t.compute - t.communication - t.optimizer), ranks,
       ranks > 1 ? ("; gradients " + format_bytes(m.gradient_bytes_per_step) + " per step per rank").c_str()
-                : "");
+                : "",
+      format_bytes(static_cast<double>(m.optimizer_state_bytes)).c_str(),
+      format_bytes(static_cast<double>(m.peak_resident_bytes)).c_str());
   std::fflush(stdout);
 }
 
@@ -121,7 +130,9 @@ void MetricsLog::write(const EpochMetrics& m, int ranks) {
                {"epoch_seconds", m.epoch_seconds},
                {"lr", m.lr},
                {"world_size", ranks},
-               {"gradient_bytes_per_step", m.gradient_bytes_per_step}};
+               {"gradient_bytes_per_step", m.gradient_bytes_per_step},
+               {"optimizer_state_bytes_per_rank", m.optimizer_state_bytes},
+               {"peak_resident_bytes", m.peak_resident_bytes}};
   if (m.stopped_early) line["stopped_early"] = "max_steps";
   if (m.first_sample > 0) line["resumed_at_sample"] = m.first_sample;
   const StepTimes& t = m.step_times;

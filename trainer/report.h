@@ -24,6 +24,9 @@ struct RunSummary {
   std::string loader;         // workers, read-ahead and augmentation of the training split
   std::string gradient_sync;  // its description, line by line ("" when there is nothing to say)
   double scaled_lr = 0;
+  std::string optimizer;                  // its name
+  int64_t optimizer_state_bytes = 0;      // on this rank
+  int64_t optimizer_state_bytes_all = 0;  // the whole state (over the ranks, when sharded)
   bool already_complete = false;
   int64_t global_step = 0;
 };

@@ -19,7 +19,10 @@ void Trainer::resume(const std::string& which) {
                   ") lies beyond the ", train_set_->size(), " training samples configured now");
     check_deterministic_resume(c);
     check_classes(c);
-    const std::vector<NamedTensor> state = optimizer_->state();
+    // A sharded optimizer's state is read whole here and handed out in start().
+    if (optimizer_->sharded()) whole_optimizer_state_ = optimizer_->whole_state_buffers();
+    const std::vector<NamedTensor> state =
+        optimizer_->sharded() ? optimizer_->named_state(whole_optimizer_state_) : optimizer_->state();
     // A gradient sync's state is optional either way: the strategy may change at a resume.
     restore(c, model_state(), &state, distributed::gradient_sync_state_names());
     gradient_sync_->resume_state(
@@ -59,7 +62,7 @@ void Trainer::init_from(const std::string& path) {
 void Trainer::save_checkpoint() {
   // A checkpoint never holds steps whose updates a deferred gradient check skipped.
   gradient_sync_->check_deferred();
-  std::vector<NamedTensor> training_state = optimizer_->state();
+  std::vector<NamedTensor> training_state = optimizer_state_whole();
   for (NamedTensor& t : gradient_sync_->checkpoint_state()) training_state.push_back(std::move(t));
   const Json sampler = {{"seed", config_.seed},
                         {"shuffle", config_.data.shuffle},
@@ -89,6 +92,15 @@ void Trainer::save_checkpoint() {
                                       {"rng", rng.dump()},
                                       {"config", to_json(config_).dump()}}});
   if (!note.empty()) progress_.note(note);
+}
+
+std::vector<NamedTensor> Trainer::optimizer_state_whole() {
+  if (!optimizer_->sharded()) return optimizer_->state();
+  std::vector<Tensor> whole = optimizer_->whole_state_buffers();
+  for (const Tensor& buffer : whole)
+    gradient_sync_->optimizer_shard()->allgather(*state_comm_, buffer.data_ptr(),
+                                                 "all-gather of the optimizer state for a checkpoint");
+  return optimizer_->named_state(whole);
 }
 
 // Rank 0 records the stop beside the checkpoints (stop_note_path): under mpirun, a SIGTERM to

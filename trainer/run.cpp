@@ -109,7 +109,9 @@ std::string describe_loader(const Config& c, const data::BatchLoader& loader) {
   return line;
 }
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const OptimizerConfig& o, const FlatParameters& parameters) {
+// `shard`: the ranges this rank updates, with distributed.shard_optimizer; null: all.
+std::unique_ptr<optim::Optimizer> make_optimizer(const OptimizerConfig& o, const FlatParameters& parameters,
+                                                 const distributed::ShardLayout* shard) {
   return optim::make_optimizer(o.type, parameters,
                                {.momentum = o.momentum,
                                 .dampening = o.dampening,
@@ -117,7 +119,8 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const OptimizerConfig& o, const
                                 .weight_decay = o.weight_decay,
                                 .beta1 = o.betas[0],
                                 .beta2 = o.betas[1],
-                                .eps = o.eps});
+                                .eps = o.eps,
+                                .owned = shard != nullptr ? shard->owned() : std::vector<FlatRange>{}});
 }
 
 // The data set against the model and the world: what the config alone could not check.
@@ -167,12 +170,22 @@ distributed::GradientSyncOptions gradient_sync_options(const Config& c) {
           .first_bucket_mb = d.first_bucket_mb,
           .overlap = d.overlap,
           .check_finite = d.check_finite,
+          .shard_optimizer = d.shard_optimizer,
           .powersgd = {.rank = d.powersgd.rank,
                        .start_step = d.powersgd.start_step,
                        .min_compression_rate = d.powersgd.min_compression_rate,
                        .seed = c.seed,
                        .check_finite = d.check_finite},
           .micro_batch_samples = d.deterministic_micro_batch};
+}
+
+// This process's peak resident set (VmHWM) in bytes, or 0 where /proc does not say.
+int64_t peak_resident_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;  // "VmHWM:  1234 kB"
+  return 0;
 }
 
 void use_threads(const Config& config, const distributed::World& world) {
@@ -220,7 +233,6 @@ Trainer::Trainer(const Config& config, const distributed::World& world)
     batch_stats_sync_ = std::make_unique<distributed::CommunicatorSum>(*state_comm_);
     model_->sync_batch_statistics(batch_stats_sync_.get());
   }
-  optimizer_ = make_optimizer(config.optimizer, *parameters_);
   schedule_ = make_schedule(config, world);
   if (deterministic_) {
     DPTRAIN_CHECK(device_.is_host(),
@@ -235,6 +247,8 @@ Trainer::Trainer(const Config& config, const distributed::World& world)
                                                                  .host_comm = *comm_,
                                                                  .parameters = *parameters_,
                                                                  .options = gradient_sync_options(config)});
+  // After the gradient sync: a sharded one says which ranges this rank's optimizer keeps state for.
+  optimizer_ = make_optimizer(config.optimizer, *parameters_, gradient_sync_->optimizer_shard());
   // On a GPU the gradient check flags a step on the device, and the update reads the flag there.
   optimizer_->skip_updates_while_set(gradient_sync_->update_skip_flag());
   train_metrics_ = std::make_unique<StepMetrics>(device_, config.model.loss == LossKind::kCrossEntropy);
@@ -251,8 +265,16 @@ void Trainer::start(const RunOptions& options) {
   int64_t scalars[] = {position_.optimizer_steps, position_.epochs_completed, position_.epoch_samples_done,
                        position_.global_step,     position_.samples_seen,     resumed_};
   std::vector<Tensor> state = {parameters_->values(), buffers_->values()};
-  for (const Tensor& slot : optimizer_->state_buffers()) state.push_back(slot);
+  // A sharded optimizer's buffers differ by rank: its state goes out whole below, if resumed.
+  if (!optimizer_->sharded())
+    for (const Tensor& slot : optimizer_->state_buffers()) state.push_back(slot);
   distributed::broadcast_state(*comm_, *state_comm_, state, std::span<int64_t>(scalars));
+  if (optimizer_->sharded() && scalars[5] != 0) {
+    if (!world_.is_root()) whole_optimizer_state_ = optimizer_->whole_state_buffers();
+    distributed::broadcast_state(*comm_, *state_comm_, whole_optimizer_state_, {});
+    optimizer_->take_state_from(whole_optimizer_state_);
+  }
+  whole_optimizer_state_.clear();  // the memory sharding saves
   gradient_sync_->share_state_from_rank0();
   position_ = {.epochs_completed = scalars[1],
                .epoch_samples_done = scalars[2],
@@ -364,6 +386,12 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
   m.samples_per_sec = samples / m.epoch_seconds;
   m.samples_per_sec_per_rank = m.samples_per_sec / world_.size();
   m.stopped_early = step < steps;
+  m.optimizer_state_bytes = optimizer_->state_bytes();
+  // Before this epoch's checkpoint: what training itself needs (a checkpoint of a sharded optimizer
+  // gathers its state whole for a moment).
+  m.peak_resident_bytes = peak_resident_bytes();
+  comm_->allreduce(std::span<int64_t>(&m.peak_resident_bytes, 1), distributed::ReduceOp::kMax,
+                   "allreduce of the peak resident memory");
   m.gradient_bytes_per_step =
       static_cast<double>(totals.payload_bytes) / static_cast<double>(std::max<int64_t>(totals.steps, 1));
   return m;
@@ -486,6 +514,10 @@ RunSummary Trainer::summary() const {
           .loader = describe_loader(config_, *train_loader_),
           .gradient_sync = gradient_sync_->describe(),
           .scaled_lr = schedule_->scaled_lr(),
+          .optimizer = config_.optimizer.type,
+          .optimizer_state_bytes = optimizer_->state_bytes(),
+          .optimizer_state_bytes_all = static_cast<int64_t>(optimizer_->state_buffers().size()) *
+                                       parameters_->size() * static_cast<int64_t>(sizeof(float)),
           .already_complete = config_.training.epochs <= position_.epochs_completed || step_limit_reached(),
           .global_step = position_.global_step};
 }

@@ -33,6 +33,8 @@ struct EpochMetrics {
   // What each rank contributed to the gradient collectives per step, mean over the epoch's steps:
   // the allreduce payload (a ring allreduce moves 2 (N - 1) / N of it over each link).
   double gradient_bytes_per_step = 0;
+  int64_t optimizer_state_bytes = 0;  // this rank's (1/N of it with distributed.shard_optimizer)
+  int64_t peak_resident_bytes = 0;    // the largest rank's peak RSS so far (VmHWM), 0 if unknown
 };
 
 struct RunOptions {

@@ -1,7 +1,8 @@
 // The optimizer step, top to bottom, the same for every mode and gradient sync:
 //   plan (this rank's micro-batches) -> for each: batch -> forward -> loss -> backward
 //     (the gradient sync's hooks around it: buckets launch as gradients become ready)
-//   -> gradient sync finishes (the gradients are the average over all ranks) -> optimizer -> position
+//   -> gradient sync finishes (the gradients are the average over all ranks) -> optimizer
+//   -> gradient sync after the update (a sharded optimizer's parameters all-gathered) -> position
 #include <algorithm>
 #include <cstdio>
 
@@ -58,6 +59,11 @@ void Trainer::train_step(int64_t epoch, int64_t step, StepTotals& totals) {
   {
     Phase phase(totals.optimizer, "optimizer");
     optimizer_->step(static_cast<float>(lr_));
+  }
+  // A sharded optimizer updated this rank's part of the parameters: the rest comes from the others.
+  if (gradient_sync_->optimizer_shard() != nullptr) {
+    Phase phase(totals.communication, "all-gather of parameters");
+    gradient_sync_->after_update();
   }
   position_.samples_seen += plan.samples_after - plan.samples_before;
   position_.epoch_samples_done = plan.samples_after;

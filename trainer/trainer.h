@@ -106,6 +106,9 @@ class Trainer {
   void resume(const std::string& which);
   void init_from(const std::string& path);
   void save_checkpoint();
+  // The optimizer's state per parameter, as a checkpoint holds it. Collective when the optimizer is
+  // sharded: every rank's part is gathered into whole buffers (briefly, the memory sharding saves).
+  std::vector<NamedTensor> optimizer_state_whole();
   bool step_limit_reached() const;
   StepTimes mean_step_times(const StepTotals& totals, double wall_seconds);
   uint64_t dropout_stream(int64_t pass) const;
@@ -137,6 +140,9 @@ class Trainer {
   std::unique_ptr<ops::CrossReplicaSum>
       batch_stats_sync_;  // distributed.sync_batchnorm on more than one rank
   std::unique_ptr<optim::Optimizer> optimizer_;
+  // A sharded optimizer's state in the flat layout while it is whole: on rank 0 from a resumed
+  // checkpoint until start() hands it out; empty otherwise.
+  std::vector<Tensor> whole_optimizer_state_;
   std::unique_ptr<optim::LrSchedule> schedule_;
   std::unique_ptr<distributed::GradientSync> gradient_sync_;
   StepPlan plan_;  // the current step's; kept to reuse its storage

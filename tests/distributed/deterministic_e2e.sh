@@ -6,17 +6,19 @@
 # Cases (MNIST CNN, global batch 128, micro-batches of 16, lr_scaling none; exit 77 = skipped when
 # data/mnist is absent). "Identical" means byte-identical model.safetensors and the same train and
 # test loss in metrics.jsonl:
-#   deterministic_sgd, _adam  30 steps: np 1 x 128, np 2 x 64 and np 4 x 32 (oversubscribed); the
-#                             same split into 2 backward passes per step; 1 rank on 2 threads; all
-#                             identical, while without the mode np 1 and np 2 differ. Adam runs the
+#   deterministic_sgd, _adam  30 steps: np 1 x 128, np 2 x 64 and np 4 x 32 (oversubscribed), the
+#                             last two with the optimizer sharded (distributed.shard_optimizer); the
+#                             same split into 2 backward passes per step, unsharded; 1 rank on 2
+#                             threads; all identical, while without the mode np 1 and np 2 differ. Adam runs the
 #                             2-pass split on 4 ranks only and skips the rest of the matrix, which
 #                             tests nothing the optimizer changes (it sees only the summed gradient)
 #                             and would double the case's time under ASan (DETERMINISTIC_FULL=1
 #                             runs all of it)
 #   deterministic_dropout     an MLP with dropout, np 1 / 2 / 4: masks follow the micro-batch
-#   deterministic_resume      a 2-rank run killed after a checkpoint, resumed on 1 rank; a 1-rank run
-#                             resumed on 4; both identical to the straight run. A resume that would
-#                             change the micro-batches stops with one line naming the keys.
+#   deterministic_resume      a sharded 2-rank run killed (SIGKILL) after a checkpoint, resumed
+#                             unsharded on 1 rank; another, resumed sharded on 4; both identical to
+#                             the straight run. A resume that would change the micro-batches stops
+#                             with one line naming the keys.
 source "$(dirname "$0")/../e2e_common.sh"
 need_mnist
 
@@ -57,9 +59,12 @@ case "$CASE" in
     # runs the convolutions' deterministic sums there already.
     MODEL=$([ "$CASE" = deterministic_sgd ] && echo mnist.json || pick mnist.json mnist_mlp.json)
     RUN=("$MODEL" "${BASE[@]}" "${OPT[@]}" "${SHORT[@]}")
+    # ZeRO-1 sums the same integers, and the update is element by element: the same bits.
+    SHARDED=(--set distributed.shard_optimizer=true)
     train 1 np1 "${RUN[@]}" --set data.batch_size=128
-    train 2 np2 "${RUN[@]}" --set data.batch_size=64
-    train 4 np4 "${RUN[@]}" --set data.batch_size=32
+    train 2 np2 "${RUN[@]}" --set data.batch_size=64 "${SHARDED[@]}"
+    train 4 np4 "${RUN[@]}" --set data.batch_size=32 "${SHARDED[@]}"
+    grep -q "optimizer sharded over 4 rank(s)" np4.out || fail "np4 did not shard the optimizer"
     identical np1 np2 np4
     train 4 np4_k2 "${RUN[@]}" --set data.batch_size=16 --set distributed.backward_passes_per_step=2
     identical np1 np4_k2
@@ -96,26 +101,28 @@ case "$CASE" in
     # The CNN; the MLP in the sanitizer build (checkpoints and resumes do not depend on the layers).
     RUN=("$(pick mnist.json mnist_mlp.json)" "${BASE[@]}" "${OPT[@]}")
     train 1 straight "${RUN[@]}" --set data.batch_size=128
-    # 2 ranks, killed after step 17 (8): the newest checkpoint is step 10's (5's). Resumed on 1 rank x 128.
+    # 2 ranks with the optimizer sharded, killed after step 17 (8): the newest checkpoint is step 10's
+    # (5's), whole. Resumed unsharded on 1 rank x 128.
+    SHARDED=(--set distributed.shard_optimizer=true)
     DPTRAIN_INJECT_FAULT=1:$((U + U * 7 / 10)):kill RUN_DIR=two_to_one launch 2 two_to_one_killed "${RUN[@]}" \
-      --set data.batch_size=64
+      --set data.batch_size=64 "${SHARDED[@]}"
     [ "$RC" -ne 0 ] && [ ! -e two_to_one/model.safetensors ] || fail "the 2-rank run was meant to be killed"
     RUN_DIR=two_to_one train 1 two_to_one_resumed "${RUN[@]}" --set data.batch_size=128 --resume auto
     grep -q "resuming from .*$(printf 'ckpt-%08d' $U)" two_to_one_resumed.out || fail "2 -> 1 did not resume from step $U"
-    # 1 rank, killed after step 23 (11; newest checkpoint: 20, 10), resumed on 4 ranks x 32.
-    DPTRAIN_INJECT_FAULT=0:$((2 * U + U * 3 / 10)):kill RUN_DIR=one_to_four launch 1 one_to_four_killed "${RUN[@]}" \
-      --set data.batch_size=128
-    [ "$RC" -ne 0 ] && [ ! -e one_to_four/model.safetensors ] || fail "the 1-rank run was meant to be killed"
-    RUN_DIR=one_to_four train 4 one_to_four_resumed "${RUN[@]}" --set data.batch_size=32 --resume auto
-    grep -q "resuming from .*$(printf 'ckpt-%08d' $((2 * U)))" one_to_four_resumed.out ||
-      fail "1 -> 4 did not resume from step $((2 * U))"
+    # 2 ranks sharded, killed after step 23 (11; newest checkpoint: 20, 10), resumed sharded on 4 x 32.
+    DPTRAIN_INJECT_FAULT=0:$((2 * U + U * 3 / 10)):kill RUN_DIR=two_to_four launch 2 two_to_four_killed "${RUN[@]}" \
+      --set data.batch_size=64 "${SHARDED[@]}"
+    [ "$RC" -ne 0 ] && [ ! -e two_to_four/model.safetensors ] || fail "the 2-rank run was meant to be killed"
+    RUN_DIR=two_to_four train 4 two_to_four_resumed "${RUN[@]}" --set data.batch_size=32 --resume auto "${SHARDED[@]}"
+    grep -q "resuming from .*$(printf 'ckpt-%08d' $((2 * U)))" two_to_four_resumed.out ||
+      fail "2 -> 4 did not resume from step $((2 * U))"
     cmp straight/model.safetensors two_to_one/model.safetensors || fail "2 -> 1 differs from the straight run"
-    cmp straight/model.safetensors one_to_four/model.safetensors || fail "1 -> 4 differs from the straight run"
-    echo "  2 -> 1 and 1 -> 4 byte-identical to the straight run: sha256" \
+    cmp straight/model.safetensors two_to_four/model.safetensors || fail "2 -> 4 differs from the straight run"
+    echo "  sharded 2 -> unsharded 1 and sharded 2 -> sharded 4 byte-identical to the straight run: sha256" \
       "$(sha256sum straight/model.safetensors | cut -c1-64)"
     # Another global batch would change the micro-batches: every checkpoint is refused, naming the
     # keys, and the run stops rather than start afresh.
-    RUN_DIR=one_to_four launch 2 other_batch "${RUN[@]}" --set data.batch_size=32 --resume auto
+    RUN_DIR=two_to_four launch 2 other_batch "${RUN[@]}" --set data.batch_size=32 --resume auto
     [ "$RC" -ne 0 ] || fail "a resume with global batch 64 was accepted"
     grep -q "data.batch_size = 64" other_batch.err || fail "the refusal does not name data.batch_size: $(cat other_batch.err)"
     echo "  refused: $(grep -m1 dptrain other_batch.err | cut -c1-200)..."

@@ -572,6 +572,112 @@ TEST(GradientReducer, NonFiniteGradientOnOneRankThrowsNamingStepBucketAndParamet
 }
 
 // ---------------------------------------------------------------------------------------------
+// Sharded (ZeRO-1): reduce-scatter into this rank's chunks, all-gather of the parameters
+
+float largest_magnitude(const float* x, int64_t n) {
+  float m = 0;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::abs(x[i]));
+  return m;
+}
+
+// The sharded reducer leaves the allreduce's average in this rank's chunks (bitwise on two ranks,
+// where a + b has one order; within rounding on four, where MPI may order the sums otherwise).
+// Standing in for the optimizer, each rank then writes its chunks of the average into the parameter
+// values, and gather_parameters() must give every rank all of it.
+TEST(GradientReducer, ShardedAverageLandsInThisRanksChunksAndTheGatherCompletesIt) {
+  autograd::clear_tape();
+  const int N = test::size();
+  for (const std::string compression : {"none", "fp16"})
+    for (const Setting& s : kSettings) {
+      Chain plain_chain, sharded_chain;
+      MpiCommunicator comm(test::world());
+      test::TestReducer plain(comm, plain_chain.params,
+                              ReducerOptions{s.fusion_mb, s.first_mb, s.overlap, compression});
+      test::TestReducer sharded(comm, sharded_chain.params,
+                                ReducerOptions{s.fusion_mb, s.first_mb, s.overlap, compression, true, true});
+      const std::string what = compression + ", fusion " + std::to_string(s.fusion_mb) + " MB, overlap " +
+                               (s.overlap ? "on" : "off");
+      for (test::TestReducer* r : {&plain, &sharded}) {
+        Chain& chain = r == &plain ? plain_chain : sharded_chain;
+        chain.zero_grad();
+        r->reducer.prepare(3);
+        chain.backward(batch_of(test::rank()), r->reducer.loss_scale(1));
+        r->reducer.finish();
+      }
+      const ShardLayout* layout = sharded.reducer.shard_layout();
+      ASSERT_NE(layout, nullptr);
+      ASSERT_EQ(layout->windows(), sharded.reducer.buckets().size());
+      const float* expected = plain.flat.grads().data_ptr();
+      const float tolerance = (N <= 2                  ? 0.0f
+                               : compression == "none" ? 1e-6f
+                                                       : 4e-3f) *
+                              largest_magnitude(expected, plain.flat.size());
+      float* values = sharded.flat.values().data_ptr();
+      for (const FlatRange& r : layout->owned())
+        for (int64_t i = r.offset; i < r.end(); ++i) {
+          ASSERT_LE(std::abs(sharded.flat.grads().data_ptr()[i] - expected[i]), tolerance)
+              << what << ": element " << i << " of this rank's chunks";
+          values[i] = sharded.flat.grads().data_ptr()[i];
+        }
+      sharded.reducer.gather_parameters();
+      const std::vector<float> gathered(values, values + sharded.flat.size());
+      for (int64_t i = 0; i < sharded.flat.size(); ++i)
+        ASSERT_LE(std::abs(gathered[static_cast<std::size_t>(i)] - expected[i]), tolerance)
+            << what << ": element " << i << " after the all-gather";
+      EXPECT_TRUE(test::bitwise_equal(test::root_copy(gathered), gathered)) << what;
+    }
+}
+
+// The rank whose chunk holds the non-finite average names it; every other rank stops too, naming
+// that rank (one small allreduce agrees on it). On one rank it holds everything.
+TEST(GradientReducer, ShardedNonFiniteAverageStopsEveryRankNamingTheOwner) {
+  autograd::clear_tape();
+  for (double fusion : {0.0, 128.0}) {
+    const Tensor w = Tensor::from_data({2, 3}, std::vector<float>(6, 0.5f), true);
+    const Tensor b = Tensor::from_data({2}, std::vector<float>(2, 0.0f), true);
+    MpiCommunicator comm(test::world());
+    test::TestReducer owner(comm, {{"dense_in.weight", w}, {"dense_in.bias", b}},
+                            ReducerOptions{fusion, 1, true, "none", true, true});
+    // The poisoned input column makes dense_in.weight's elements 2 and 5 NaN: who holds them? The
+    // agreement reports the highest of those ranks.
+    std::vector<int> holders;
+    for (int r = 0; r < test::size(); ++r) {
+      const ShardLayout layout(
+          [&] {
+            std::vector<FlatRange> windows;
+            for (const Bucket& bucket : owner.reducer.buckets())
+              windows.push_back({bucket.offset, bucket.numel});
+            return windows;
+          }(),
+          test::size(), r);
+      for (const FlatRange& range : layout.owned())
+        for (int64_t element : {2, 5})
+          if (range.offset <= owner.flat.offset(0) + element &&
+              owner.flat.offset(0) + element < range.end() && std::ranges::find(holders, r) == holders.end())
+            holders.push_back(r);
+    }
+    ASSERT_FALSE(holders.empty());
+    const int reported = *std::ranges::max_element(holders);
+    std::vector<float> xs(4 * 3, 1.0f);
+    if (test::rank() == 0) xs[5] = std::numeric_limits<float>::quiet_NaN();
+    owner.reducer.prepare(17);
+    ops::sum(ops::linear(Tensor::from_data({4, 3}, xs), w, b)).backward(owner.reducer.loss_scale(1));
+    std::string message;
+    try {
+      owner.reducer.finish();
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    ASSERT_FALSE(message.empty()) << "fusion " << fusion << ": rank " << test::rank() << " did not stop";
+    EXPECT_NE(message.find("step 17"), std::string::npos) << message;
+    if (std::ranges::find(holders, test::rank()) != holders.end())
+      EXPECT_NE(message.find("dense_in.weight"), std::string::npos) << message;
+    else
+      EXPECT_NE(message.find("rank " + std::to_string(reported) + "'s shard"), std::string::npos) << message;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // A world of one
 
 // finish() documents "Throws if an average is not finite"; with one rank the average is the local

@@ -57,7 +57,8 @@ std::vector<int32_t> labels() {
   return out;
 }
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, const FlatParameters& params) {
+std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, const FlatParameters& params,
+                                                 std::vector<FlatRange> owned = {}) {
   const std::string kind = fixture.meta(name + ".optimizer");
   if (kind == "SGD") {
     optim::SgdOptions o;
@@ -65,7 +66,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, const 
     o.dampening = fixture.meta_float(name + ".dampening");
     o.nesterov = fixture.meta_bool(name + ".nesterov");
     o.weight_decay = fixture.meta_float(name + ".weight_decay");
-    return std::make_unique<optim::Sgd>(params, o);
+    return std::make_unique<optim::Sgd>(params, o, owned);
   }
   if (kind != "Adam" && kind != "AdamW") throw Error("unknown optimizer '" + kind + "' in the fixture");
   optim::AdamOptions o;
@@ -74,7 +75,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, const 
   o.eps = fixture.meta_float(name + ".eps");
   o.weight_decay = fixture.meta_float(name + ".weight_decay");
   o.decoupled_weight_decay = kind == "AdamW";
-  return std::make_unique<optim::Adam>(params, o);
+  return std::make_unique<optim::Adam>(params, o, owned);
 }
 
 bool close(double ours, double ref) {
@@ -118,6 +119,56 @@ TEST_P(Trajectory, MatchesPyTorchAfterEveryStep) {
   }
   // The run must have moved the parameters (the comparison is not vacuous).
   EXPECT_NE(model->named_parameters()[0].tensor.data()[0], fixture.get("init.0.weight").data()[0]);
+}
+
+// ZeRO-1 in one process: three optimizers over disjoint ranges that together cover the flat buffers
+// (as three ranks' shards do, ranges cutting through tensors) take the same steps as one optimizer
+// over everything, bit for bit, and their state gathered into the flat layout is its state.
+TEST_P(Trajectory, ShardsTogetherTakeTheWholeOptimizersStepsBitForBit) {
+  const std::string name = GetParam();
+  const auto whole_model = make_model(), sharded_model = make_model();
+  const int64_t size = sharded_model->flat->size();
+  const std::vector<std::vector<FlatRange>> shards = {
+      {{0, 7}, {40, size - 40}}, {{7, 13}}, {{20, 20}}};  // 7 + 13 + 20 + (size - 40) = size
+  const auto whole = make_optimizer(name, *whole_model->flat);
+  std::vector<std::unique_ptr<optim::Optimizer>> parts;
+  for (const auto& owned : shards) parts.push_back(make_optimizer(name, *sharded_model->flat, owned));
+  const float lr = fixture.meta_float(name + ".lr");
+  for (int step = 1; step <= kSteps; ++step) {
+    for (Model* m : {whole_model.get(), sharded_model.get()}) {
+      autograd::clear_tape();
+      m->flat->zero_grad();
+      ops::cross_entropy(m->forward(fixture.get("data.x")), labels()).backward();
+    }
+    whole->step(lr);
+    for (const auto& part : parts) part->step(lr);
+    ASSERT_TRUE(test_util::bitwise_equal(whole_model->flat->values().values(),
+                                         sharded_model->flat->values().values()))
+        << name << ": step " << step;
+  }
+  // The state: each part's ranges in the flat layout, zeros elsewhere; together, the whole one's.
+  const std::vector<Tensor>& expected = whole->state_buffers();
+  std::vector<std::vector<float>> gathered(expected.size(),
+                                           std::vector<float>(static_cast<std::size_t>(size)));
+  int64_t state_bytes = 0;
+  for (const auto& part : parts) {
+    EXPECT_TRUE(part->sharded());
+    state_bytes += part->state_bytes();
+    const std::vector<Tensor> mine = part->whole_state_buffers();
+    for (std::size_t s = 0; s < mine.size(); ++s)
+      for (int64_t i = 0; i < size; ++i) gathered[s][static_cast<std::size_t>(i)] += mine[s].data()[i];
+  }
+  EXPECT_EQ(state_bytes, whole->state_bytes());
+  for (std::size_t s = 0; s < expected.size(); ++s)
+    EXPECT_TRUE(test_util::bitwise_equal(expected[s].values(), gathered[s])) << name << ": slot " << s;
+  // And back: a fresh part takes its ranges of the whole state (a resume into a sharded run).
+  const auto resumed = make_optimizer(name, *sharded_model->flat, shards[1]);
+  resumed->take_state_from(whole->whole_state_buffers());
+  for (std::size_t s = 0; s < expected.size(); ++s)
+    EXPECT_TRUE(
+        test_util::bitwise_equal(resumed->state_buffers()[s].values(), parts[1]->state_buffers()[s].values()))
+        << name << ": slot " << s << " taken from the whole state";
+  EXPECT_THROW(parts[0]->state(), Error);  // a sharded state is gathered before it is named
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixture, Trajectory,
