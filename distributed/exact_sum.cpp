@@ -67,10 +67,9 @@ void ExactGradientSum::sum_across_ranks() {
   }
   if (comm_.size() == 1) return;
   const FlatRange tail = shard_->tail(0);
-  Pending scatter = comm_.start_reduce_scatter(
+  comm_.reduce_scatter(
       std::span<int64_t>(fixed_.data(), static_cast<std::size_t>(shard_->scattered(0).numel)), ReduceOp::kSum,
       "reduce-scatter " + what);
-  comm_.wait(scatter);
   if (tail.numel > 0)
     comm_.allreduce(std::span<int64_t>(fixed_.data() + tail.offset, static_cast<std::size_t>(tail.numel)),
                     ReduceOp::kSum, "allreduce of the tail " + what);

@@ -174,7 +174,6 @@ void GradientReducer::launch_reduce_scatter(std::size_t b, void* wire, bool asyn
   const ShardLayout& layout = *shard_;
   const FlatRange tail = layout.tail(b);
   char* bytes = static_cast<char*>(wire);
-  timeline::Span span(async ? "" : "reduce-scatter bucket ", "communication", static_cast<int>(b));
   if (layout.chunk(b) > 0)
     pending_[b] = comm_.start_reduce_scatter_elements(
         bytes, static_cast<std::size_t>(layout.chunk(b)), encoding_.wire_type, ReduceOp::kSum, label(b),

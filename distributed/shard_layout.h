@@ -22,10 +22,7 @@ class ShardLayout {
   // `windows`: disjoint ranges of the flat buffers, in the order the collectives run.
   ShardLayout(std::vector<FlatRange> windows, int ranks, int rank);
 
-  int ranks() const { return ranks_; }
-  int rank() const { return rank_; }
   std::size_t windows() const { return windows_.size(); }
-  const FlatRange& window(std::size_t w) const { return windows_[w]; }
   // The part of window w that is reduce-scattered and all-gathered: size() chunks of chunk(w).
   FlatRange scattered(std::size_t w) const { return {windows_[w].offset, chunk(w) * ranks_}; }
   int64_t chunk(std::size_t w) const { return windows_[w].numel / ranks_; }
