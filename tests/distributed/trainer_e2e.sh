@@ -51,7 +51,7 @@ case "$CASE" in
       OPT=(--set optimizer.type=adam --set optimizer.lr=0.001)
       LIMIT=1e-3
     fi
-    # The whole training set, also in the sanitizer build: which batches a few Adam steps see decides
+    # The whole training set: which batches a few Adam steps see decides
     # whether an element's gradient is rounding noise (see below); on the first 8192 samples, 3 to
     # 10 steps at np 4 strayed by 2e-2, on the first 4096 or 16384 by 3e-6, on all of them by 6e-7.
     OPT+=(--set data.max_train_samples=0)
