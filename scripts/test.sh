@@ -3,7 +3,7 @@
 # code users run, CUDA compiled where the toolkit is) and an AddressSanitizer + UBSan build (memory
 # errors and undefined behaviour; no CUDA, end-to-end cases at their smallest size through
 # DPTRAIN_E2E_SMALL, accuracy and benchmark-shaped cases left to Release); then fuzzes each file
-# reader for DPTRAIN_FUZZ_SECONDS (default 10) with libFuzzer (scripts/fuzz.sh). After each ctest,
+# reader for DPTRAIN_FUZZ_SECONDS (default 5) with libFuzzer (scripts/fuzz.sh). After each ctest,
 # scripts/check_skips.sh fails the run on any skip that tests/expected_skips.txt does not allow on
 # this machine. Ends with the time of each stage.
 #   scripts/test.sh [--no-sanitize] [--no-fuzz] [--with-torch]   DPTRAIN_JOBS=N: build parallelism (2)
@@ -83,6 +83,6 @@ if [[ $sanitize == 1 ]]; then
   stage "ASan+UBSan skip check" scripts/check_skips.sh build-asan/ctest-junit.xml
 fi
 if [[ $fuzz == 1 ]]; then
-  stage "libFuzzer ${DPTRAIN_FUZZ_SECONDS:-10} s per reader" scripts/fuzz.sh --seconds "${DPTRAIN_FUZZ_SECONDS:-10}"
+  stage "libFuzzer ${DPTRAIN_FUZZ_SECONDS:-5} s per reader" scripts/fuzz.sh --seconds "${DPTRAIN_FUZZ_SECONDS:-5}"
 fi
 echo "== all tests passed in $(($(date +%s) - start)) s =="

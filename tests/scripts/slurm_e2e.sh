@@ -42,11 +42,13 @@ echo "  cluster up in $(since "$started") s"
 eval "$("${CLUSTER[@]}" env --dir "$CLUSTER_DIR")"
 export DPTRAIN_TRAINER=$TRAINER
 
-# The MNIST CNN on 2 ranks, a checkpoint every 20 steps. SHORT: 128 steps per epoch, 2 epochs (about
+# The MNIST CNN on 2 ranks, a checkpoint every 20 steps, all kept (with the default keep=3 a job
+# that ran ahead while the test watched another had already pruned the checkpoint it waited for). SHORT: 128 steps per epoch, 2 epochs (about
 # 2 s here), for the cases that signal a job mid-run; LONG: 192 x 4 = 768 steps (about 5 s), for the
 # time limit, whose warning comes when Slurm next checks (below).
 COMMON=(--set threads=1 --set "data.dir=\"$SRC/data/mnist\"" --set data.max_test_samples=500
-        --set data.batch_size=32 --set checkpoint.every_steps=20 --set checkpoint.every_epochs=0)
+        --set data.batch_size=32 --set checkpoint.every_steps=20 --set checkpoint.every_epochs=0
+        --set checkpoint.keep=0)
 SHORT=("${COMMON[@]}" --set data.max_train_samples=8192 --set training.epochs=2)
 LONG=("${COMMON[@]}" --set data.max_train_samples=12288 --set training.epochs=4)
 CONFIG=$SRC/configs/mnist.json
@@ -164,16 +166,25 @@ case_time_limit() {
 }
 
 # --- scancel_term and requeue: a signal mid-run, once the step-40 checkpoint exists. The two jobs
-# run side by side, one on each node, so that their waits to start again overlap.
+# run side by side, one on each node, so that their waits to start again overlap; one loop watches
+# both, since either may start first (waiting for one, then the other, let the other finish first).
 case_scancel_term_and_requeue() {
   submit scancel_term SHORT --nodelist=n1
   local scancelled=$JOB
   submit requeue SHORT --nodelist=n2
   local requeued=$JOB
-  wait_for "$SCRATCH/scancel_term/checkpoints/ckpt-00000040.safetensors"
-  scancel --signal=TERM "$scancelled"
-  wait_for "$SCRATCH/requeue/checkpoints/ckpt-00000040.safetensors"
-  scontrol requeue "$requeued"
+  local ckpt=checkpoints/ckpt-00000040.safetensors term_sent="" requeue_sent=""
+  local deadline=$((SECONDS + 120))
+  until [ -n "$term_sent" ] && [ -n "$requeue_sent" ]; do
+    if [ -z "$term_sent" ] && [ -e "$SCRATCH/scancel_term/$ckpt" ]; then
+      scancel --signal=TERM "$scancelled" && term_sent=1
+    fi
+    if [ -z "$requeue_sent" ] && [ -e "$SCRATCH/requeue/$ckpt" ]; then
+      scontrol requeue "$requeued" && requeue_sent=1
+    fi
+    [ $SECONDS -lt $deadline ] || fail "no step-40 checkpoint after 120 s (scancel_term: ${term_sent:-none}, requeue: ${requeue_sent:-none})"
+    sleep 0.05
+  done
   JOB=$scancelled finished_after_requeue scancel_term SIGTERM reference_short
   JOB=$requeued finished_after_requeue requeue SIGTERM reference_short
 }
