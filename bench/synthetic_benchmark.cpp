@@ -7,6 +7,8 @@
 //   build/bench/synthetic_benchmark --model resnet50 --batch-size 32
 //   mpirun -np 2 build/bench/synthetic_benchmark --model resnet18 --input-shape 3,64,64 --threads 1
 //   ... --set distributed.sync_batchnorm=true --set device=cuda   (any config key)
+//   ... --profile-ops [--gemm-gflops 145]   (CPU: where the timed steps' time goes, per op and conv
+//                                            shape, with FLOP/s and their share of a GEMM's; rank 0)
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/op_profile.h"
 #include "core/error.h"
 #include "distributed/world.h"
 #include "trainer/config.h"
@@ -58,6 +61,13 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "CPU threads per rank (0: cores / ranks on this host)")
       ->capture_default_str();
   app.add_option("--device", device, "cpu | cuda | auto")->capture_default_str();
+  bool profile_ops = false;
+  double gemm_gflops = 0;
+  app.add_flag("--profile-ops", profile_ops,
+               "time every CPU kernel of the timed steps and print where the time goes");
+  app.add_option("--gemm-gflops", gemm_gflops,
+                 "with --profile-ops: a large GEMM's GFLOP/s on one core (bench/machine_probe gemm), to "
+                 "compare each op with");
   app.add_option("--set", overrides, "config override key.path=JSON (repeatable)")->take_all()->expected(1);
   CLI11_PARSE(app, argc, argv);
   distributed::World world(&argc, &argv);
@@ -86,8 +96,18 @@ int main(int argc, char** argv) {
       std::printf("Running warmup...\n");
       std::fflush(stdout);
     }
+    bench::OpProfile profile;
+    if (profile_ops) {
+      DPTRAIN_CHECK(config.device == trainer::DeviceKind::kCpu,
+                    "--profile-ops times the CPU backend's kernels; "
+                    "device is not cpu (GPU kernels run asynchronously: use nsys there)");
+      bench::profile_cpu_kernels(profile);
+    }
     const trainer::BenchmarkResult r = trainer::benchmark(
-        config, world, {.warmup_steps = warmup, .timed_steps = per_iter, .repetitions = iters});
+        config, world,
+        {.warmup_steps = warmup, .timed_steps = per_iter, .repetitions = iters, .before_timed_steps = [&] {
+           profile.reset();
+         }});
     if (world.is_root()) {
       std::printf("Running benchmark...\n");
       std::vector<double> per_rank;
@@ -105,23 +125,27 @@ int main(int argc, char** argv) {
                   world.size() * spread);
       std::vector<double> sorted = per_rank;
       std::sort(sorted.begin(), sorted.end());
-      const Json result = {{"bench", "synthetic"},
-                           {"model", model},
-                           {"batch", batch},
-                           {"ranks", world.size()},
-                           {"threads", threads},
-                           {"input_shape", shape},
-                           {"parameters", r.parameters},
-                           {"img_per_sec", per_rank},
-                           {"img_per_sec_mean", mean},
-                           {"img_per_sec_median", sorted[sorted.size() / 2]},
-                           {"total_img_per_sec", world.size() * mean},
-                           {"step_ms",
-                            {{"data", 1e3 * r.step_times.data},
-                             {"compute", 1e3 * r.step_times.compute},
-                             {"communication", 1e3 * r.step_times.communication},
-                             {"optimizer", 1e3 * r.step_times.optimizer},
-                             {"total", 1e3 * r.step_times.total}}}};
+      Json result = {{"bench", "synthetic"},
+                     {"model", model},
+                     {"batch", batch},
+                     {"ranks", world.size()},
+                     {"threads", threads},
+                     {"input_shape", shape},
+                     {"parameters", r.parameters},
+                     {"img_per_sec", per_rank},
+                     {"img_per_sec_mean", mean},
+                     {"img_per_sec_median", sorted[sorted.size() / 2]},
+                     {"total_img_per_sec", world.size() * mean},
+                     {"step_ms",
+                      {{"data", 1e3 * r.step_times.data},
+                       {"compute", 1e3 * r.step_times.compute},
+                       {"communication", 1e3 * r.step_times.communication},
+                       {"optimizer", 1e3 * r.step_times.optimizer},
+                       {"total", 1e3 * r.step_times.total}}}};
+      if (profile_ops) {
+        profile.print(per_iter * iters, r.step_times.total * per_iter * iters, gemm_gflops * 1e9);
+        result["profile"] = profile.summary(per_iter * iters);
+      }
       std::printf("RESULT %s\n", result.dump().c_str());
     }
   } catch (const std::exception& e) {

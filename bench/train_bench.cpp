@@ -24,7 +24,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides;
   int threads = 1;
   int64_t batch = 0;
-  trainer::BenchmarkOptions options{20, 100, 5};
+  trainer::BenchmarkOptions options{
+      .warmup_steps = 20, .timed_steps = 100, .repetitions = 5, .before_timed_steps = {}};
   app.add_option("--config", config_path, "config whose model, data, batch and distributed settings are used")
       ->required();
   app.add_option("--set", overrides, "config override key.path=JSON (repeatable)")->take_all()->expected(1);

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -224,6 +225,9 @@ Backend& backend_for(Device device);
 bool has_backend(Device device);
 // Makes `backend` the one for backend->device() (e.g. the CUDA backend, once per GPU it drives).
 void register_backend(std::shared_ptr<Backend> backend);
+// Puts wrap(the backend of `device`) in its place for the rest of the program: a decorator that sees
+// every kernel call (bench/op_profile.h). Call before any component holds that backend.
+void interpose_backend(Device device, const std::function<std::shared_ptr<Backend>(Backend& inner)>& wrap);
 // release_cached() on every registered backend: what a program calls before main() returns, so that
 // compute-sanitizer's leak check (which does not see frees made in exit handlers) sees only leaks.
 void release_backend_caches();

@@ -23,6 +23,7 @@ BenchmarkResult Trainer::benchmark(const BenchmarkOptions& options) {
   StepTotals warmup, timed;
   for (int64_t i = 0; i < options.warmup_steps; ++i) next_step(warmup);
   flush_metrics(warmup);
+  if (options.before_timed_steps) options.before_timed_steps();
   BenchmarkResult result;
   const std::size_t allocations_before = storage_stats().fresh_allocations;
   double timed_seconds = 0;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,8 @@ struct BenchmarkOptions {
   int64_t warmup_steps = 20;
   int64_t timed_steps = 100;  // per repetition
   int64_t repetitions = 1;
+  // Called once the warm-up steps are done, before the first timed one (e.g. to start a profile).
+  std::function<void()> before_timed_steps;
 };
 
 struct BenchmarkResult {

@@ -24,12 +24,23 @@ namespace {
 using ConvGeometry = Conv2dGeometry;
 
 // Samples per chunk: the chunk's scratch (columns, product or output gradient, and in backward the
-// columns' gradient when the input's is wanted) in about 1 MiB of floats, this machine's L2 per core;
-// at least one sample.
+// columns' gradient when the input's is wanted) in about 1 MiB of floats, this machine's L2 per core,
+// but at least kMinColumns columns: every GEMM packs the whole weight matrix again, which a few
+// columns do not repay (resnet18 at 64x64 has 2x2 planes and 4,608-float patches: 12 samples a chunk
+// ran its 3x3 layers of 512 channels at 37 GFLOP/s, the whole batch of 32 at 69).
 int64_t chunk_samples(const ConvGeometry& g, bool input_gradient) {
   constexpr int64_t kTargetFloats = 256 * 1024;
+  constexpr int64_t kMinColumns = 768;
   const int64_t per_sample = (g.patch() * (input_gradient ? 2 : 1) + g.out_channels) * g.pixels();
-  return std::clamp<int64_t>(kTargetFloats / per_sample, 1, g.batch);
+  const int64_t wide_enough = (kMinColumns + g.pixels() - 1) / g.pixels();
+  return std::clamp<int64_t>(std::max(kTargetFloats / per_sample, wide_enough), 1, g.batch);
+}
+
+// A 1x1 convolution at stride 1 without padding: one sample's column matrix [C, P] is that sample's
+// input as it lies, and its columns' gradient adds to the input's gradient as it lies, so one-sample
+// chunks read and write the tensors themselves instead of copies.
+bool columns_are_input(const ConvGeometry& g) {
+  return g.kernel_h == 1 && g.kernel_w == 1 && g.stride == 1 && g.padding == 0;
 }
 
 // Output columns ow whose input column ow*s - p + kw lies inside [0, width): [begin, end).
@@ -115,25 +126,32 @@ void col2im_add(const ConvGeometry& g, const float* gcols, int64_t first, int64_
 void chunk_backward(const ConvGeometry& g, const float* gy, const float* x, const float* w, float* gx,
                     float* gw, float* gbias, int64_t first, int64_t count, float* cols, float* gcols) {
   const int64_t K = g.patch(), O = g.out_channels, n = count * g.pixels();
-  auto gy_mat = mat(gy, O, n);
+  const bool in_place = count == 1 && columns_are_input(g);
+  auto gy_mat = unaligned_mat(gy, O, n);  // in place, gy is a sample of the tensor
   if (gbias) Eigen::Map<Eigen::VectorXf>(gbias, O) += gy_mat.rowwise().sum();
   if (gw) {
-    im2col(g, x, first, count, cols);
-    mat(gw, O, K).noalias() += gy_mat * mat(static_cast<const float*>(cols), K, n).transpose();
+    const float* columns = x + first * K * n;
+    if (!in_place) im2col(g, x, first, count, cols), columns = cols;
+    mat(gw, O, K).noalias() += gy_mat * unaligned_mat(columns, K, n).transpose();
   }
-  if (gx) {
+  if (gx && in_place) {
+    unaligned_mat(gx + first * K * n, K, n).noalias() += mat(w, O, K).transpose() * gy_mat;
+  } else if (gx) {
     mat(gcols, K, n).noalias() = mat(w, O, K).transpose() * gy_mat;
     col2im_add(g, gcols, first, count, gx);
   }
 }
 
-// Scratch of one chunk: its columns, its [O, chunk*P] product or output gradient, and the columns'
-// gradient when the input's is wanted.
+// Scratch of one chunk: its columns unless the input serves (columns_are_input), its [O, chunk*P]
+// product or output gradient unless the tensor itself serves, and the columns' gradient when the
+// input's is wanted and cannot take it directly.
 struct ChunkBuffers {
-  ChunkBuffers(const ConvGeometry& g, int64_t chunk, bool input_gradient)
-      : cols(sizeof(float) * g.patch() * chunk * g.pixels()),
-        outputs(sizeof(float) * g.out_channels * chunk * g.pixels()),
-        gcols(input_gradient ? sizeof(float) * g.patch() * chunk * g.pixels() : 0) {}
+  ChunkBuffers(const ConvGeometry& g, int64_t chunk, bool input_gradient, bool outputs_in_place)
+      : columns_in_place(chunk == 1 && columns_are_input(g)),
+        cols(columns_in_place ? 0 : sizeof(float) * g.patch() * chunk * g.pixels()),
+        outputs(outputs_in_place ? 0 : sizeof(float) * g.out_channels * chunk * g.pixels()),
+        gcols(input_gradient && !columns_in_place ? sizeof(float) * g.patch() * chunk * g.pixels() : 0) {}
+  bool columns_in_place;
   Storage cols, outputs, gcols;
 };
 
@@ -151,19 +169,27 @@ float masked_gradient(float g, float y) {
 // Backward: write_output_gradient(sample, base, offset_of, channel_stride) writes the conv output
 // gradient of one sample, pixel p of channel o at base[offset_of[p] + o * channel_stride], all zero
 // beforehand. Over the batch in chunks (the chunk's planes in [O, count*P] layout, then its GEMMs)
-// unless the direct kernels take the geometry, in their own layout.
+// unless the direct kernels take the geometry, in their own layout. `output_gradient`, when given, is
+// what the writer would write, [batch, O, P]: one-sample chunks read it in place.
 template <typename WriteOutputGradient>
 void backward_with(const ConvGeometry& g, const float* x, const float* w, float* gx, float* gw, float* gbias,
-                   WriteOutputGradient write_output_gradient) {
-  if (direct_conv::applies(g)) return direct_conv::backward(g, x, w, gx, gw, gbias, write_output_gradient);
+                   WriteOutputGradient write_output_gradient, const float* output_gradient = nullptr) {
+  if (direct_conv::applies_backward(g))
+    return direct_conv::backward(g, x, w, gx, gw, gbias, write_output_gradient);
   const int64_t P = g.pixels(), O = g.out_channels, chunk = chunk_samples(g, gx != nullptr);
-  ChunkBuffers buffers(g, chunk, gx != nullptr);
+  const bool gradient_in_place = output_gradient != nullptr && chunk == 1;
+  ChunkBuffers buffers(g, chunk, gx != nullptr, gradient_in_place);
   for (int64_t first = 0; first < g.batch; first += chunk) {
     const int64_t count = std::min(chunk, g.batch - first), n = count * P;
-    float* gy = buffers.outputs.as<float>();
-    std::fill_n(gy, O * n, 0.0f);
+    const float* gy = gradient_in_place ? output_gradient + first * O * P : nullptr;
+    if (!gradient_in_place) {
+      float* written = buffers.outputs.as<float>();
+      std::fill_n(written, O * n, 0.0f);
 #pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < count; ++b) write_output_gradient(first + b, gy + b * P, ContiguousPixels{}, n);
+      for (int64_t b = 0; b < count; ++b)
+        write_output_gradient(first + b, written + b * P, ContiguousPixels{}, n);
+      gy = written;
+    }
     chunk_backward(g, gy, x, w, gx, gw, gbias, first, count, buffers.cols.as<float>(),
                    buffers.gcols.as<float>());
   }
@@ -171,16 +197,31 @@ void backward_with(const ConvGeometry& g, const float* x, const float* w, float*
 
 // Forward: visit(sample, channel, plane) gets every plane of the convolution's sums (no bias), which
 // it may overwrite. By the direct kernels, or else per chunk: W x the chunk's columns, [O, count*P].
+// `output`, when given ([batch, O, P]), takes one-sample chunks' sums in place, so that their planes
+// are the output's own.
 template <typename Visit>
-void forward_with(const ConvGeometry& g, const float* x, const float* w, Visit visit) {
+void forward_with(const ConvGeometry& g, const float* x, const float* w, Visit visit,
+                  float* output = nullptr) {
   if (direct_conv::applies(g)) return direct_conv::forward(g, x, w, visit);
   const int64_t P = g.pixels(), O = g.out_channels, K = g.patch(), chunk = chunk_samples(g, false);
-  ChunkBuffers buffers(g, chunk, false);
+  const bool output_in_place = output != nullptr && chunk == 1;
+  ChunkBuffers buffers(g, chunk, false, output_in_place);
   for (int64_t first = 0; first < g.batch; first += chunk) {
     const int64_t count = std::min(chunk, g.batch - first), n = count * P;
-    float* product = buffers.outputs.as<float>();
-    im2col(g, x, first, count, buffers.cols.as<float>());
-    mat(product, O, n).noalias() = mat(w, O, K) * mat(buffers.cols.as<float>(), K, n);
+    float* product = output_in_place ? output + first * O * P : buffers.outputs.as<float>();
+    const float* columns = x + first * K * n;
+    if (!buffers.columns_in_place)
+      im2col(g, x, first, count, buffers.cols.as<float>()), columns = buffers.cols.as<float>();
+    // In panels of columns whose [O, panel] share of the product stays in L2: Eigen zeroes its
+    // destination, then adds into it, and a short K (64 in ResNet-50's first 1x1 layers) leaves too
+    // little arithmetic to hide the second trip to memory (1x1 layers forward: 710 ms a step -> 646).
+    constexpr int64_t kPanelFloats = 256 * 1024;
+    const int64_t panel = std::max<int64_t>(16, kPanelFloats / O);
+    for (int64_t j = 0; j < n; j += panel) {
+      const int64_t width = std::min(panel, n - j);
+      unaligned_mat(product, O, n).middleCols(j, width).noalias() =
+          mat(w, O, K) * unaligned_mat(columns, K, n).middleCols(j, width);
+    }
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < count; ++b)
       for (int64_t o = 0; o < O; ++o) visit(first + b, o, product + o * n + b * P);
@@ -191,34 +232,39 @@ void forward_with(const ConvGeometry& g, const float* x, const float* w, Visit v
 
 void conv2d(const float* x, const float* w, const float* bias, float* y, const Conv2dGeometry& g) {
   const int64_t P = g.pixels(), O = g.out_channels;
-  forward_with(g, x, w, [&](int64_t sample, int64_t o, const float* sums) {
-    float* to = y + (sample * O + o) * P;
-    const float add = bias ? bias[o] : 0.0f;
-    if (g.fuse_relu) {
-      for (int64_t p = 0; p < P; ++p) to[p] = relu_of(sums[p] + add);
-    } else {
-      for (int64_t p = 0; p < P; ++p) to[p] = sums[p] + add;
-    }
-  });
+  forward_with(
+      g, x, w,
+      [&](int64_t sample, int64_t o, const float* sums) {
+        float* to = y + (sample * O + o) * P;
+        if (sums == to && !bias && !g.fuse_relu) return;  // the sums already are the output
+        const float add = bias ? bias[o] : 0.0f;
+        if (g.fuse_relu) {
+          for (int64_t p = 0; p < P; ++p) to[p] = relu_of(sums[p] + add);
+        } else {
+          for (int64_t p = 0; p < P; ++p) to[p] = sums[p] + add;
+        }
+      },
+      y);
 }
 
 void conv2d_backward(const float* go, const float* x, const float* w, const float* y, float* gx, float* gw,
                      float* gbias, const Conv2dGeometry& g) {
   const int64_t P = g.pixels(), O = g.out_channels;
   // [batch, O, P] -> the layout the backward kernels read (through ReLU's mask if fused).
-  backward_with(g, x, w, gx, gw, gbias,
-                [&](int64_t sample, float* to, auto offset_of, int64_t channel_stride) {
-                  for (int64_t o = 0; o < O; ++o) {
-                    const int64_t at = (sample * O + o) * P;
-                    float* plane = to + o * channel_stride;
-                    if (g.fuse_relu) {
-                      for (int64_t p = 0; p < P; ++p)
-                        plane[offset_of[p]] = masked_gradient(go[at + p], y[at + p]);
-                    } else {
-                      for (int64_t p = 0; p < P; ++p) plane[offset_of[p]] = go[at + p];
-                    }
-                  }
-                });
+  backward_with(
+      g, x, w, gx, gw, gbias,
+      [&](int64_t sample, float* to, auto offset_of, int64_t channel_stride) {
+        for (int64_t o = 0; o < O; ++o) {
+          const int64_t at = (sample * O + o) * P;
+          float* plane = to + o * channel_stride;
+          if (g.fuse_relu) {
+            for (int64_t p = 0; p < P; ++p) plane[offset_of[p]] = masked_gradient(go[at + p], y[at + p]);
+          } else {
+            for (int64_t p = 0; p < P; ++p) plane[offset_of[p]] = go[at + p];
+          }
+        }
+      },
+      g.fuse_relu ? nullptr : go);  // unmasked, the output gradient is what the writer writes
 }
 
 void conv2d_relu_maxpool(const float* x, const float* w, const float* bias, float* y, int32_t* argmax,

@@ -368,6 +368,15 @@ bool applies(const Conv2dGeometry& g) {
   return g.stride == 1 && (g.patch() <= kShortPatch || (!one_by_one && !narrow_rows));
 }
 
+bool applies_backward(const Conv2dGeometry& g) {
+  // ResNet-50's 3x3 layers of 256 and 512 channels (2.4 and 9.4 MB of weights) trained at 71 and 40
+  // GFLOP/s here, 96 and 69 through im2col; those of 64 and 128 channels (0.15 and 0.6 MB) at 107 to
+  // 128 GFLOP/s, 73 to 76 through im2col. Forward keeps them all: its weights stream once per sample
+  // and it was faster at every size.
+  constexpr int64_t kMaxWeightFloats = 256 * 1024;  // 1 MiB: half of L2 per core on the Intel kind
+  return applies(g) && (g.patch() <= kShortPatch || g.out_channels * g.patch() <= kMaxWeightFloats);
+}
+
 void forward(const Conv2dGeometry& g, const float* x, const float* w, const PlaneVisitor& visit) {
   const Layout l = layout_of(g);
   const int64_t O = g.out_channels;

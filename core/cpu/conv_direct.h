@@ -13,6 +13,9 @@ namespace dptrain::cpu::direct_conv {
 // the MNIST CNN's first layer ran at 15 GFLOP/s that way) or a kernel wider than 1x1 over rows that
 // the padding and the kernel's overhang do not make mostly waste.
 bool applies(const Conv2dGeometry& g);
+// Whether backward() takes it: what forward takes, except wide patches whose weights outgrow half of
+// L2, which both gradients stream once per pass over a block of channels.
+bool applies_backward(const Conv2dGeometry& g);
 
 // One [out_h, out_w] plane of a sample and output channel, which the callee may overwrite.
 using PlaneVisitor = std::function<void(int64_t sample, int64_t channel, float* plane)>;

@@ -329,7 +329,15 @@ std::vector<Case> cases() {
                                          {{2, 40, 7, 9}, {80, 40, 3, 3}, 1, 1, true, true},
                                          {{3, 72, 6, 6}, {36, 72, 2, 2}, 1, 1, false, false},
                                          {{2, 48, 5, 5}, {20, 48, 1, 1}, 1, 0, false, true},
-                                         {{2, 16, 4, 4}, {24, 16, 3, 3}, 1, 1, true, true}}) {
+                                         {{2, 16, 4, 4}, {24, 16, 3, 3}, 1, 1, true, true},
+                                         // 1x1 over planes of 961 and 1,024: one-sample chunks that
+                                         // read and write the tensors in place, at samples not 64-byte
+                                         // aligned (bias and ReLU in place, or the ReLU-masked gradient
+                                         // through a copy)
+                                         {{2, 65, 31, 31}, {130, 65, 1, 1}, 1, 0, false, true},
+                                         {{2, 64, 32, 32}, {128, 64, 1, 1}, 1, 0, true, false},
+                                         // weights over 1 MiB: direct forward, im2col backward
+                                         {{1, 128, 6, 6}, {256, 128, 3, 3}, 1, 1, true, true}}) {
     const std::string shapes = "x " + str(v.x) + ", w " + str(v.w) + ", stride " + std::to_string(v.stride) +
                                ", pad " + std::to_string(v.padding) + (v.relu ? ", fused relu" : "") +
                                (v.bias ? ", bias" : ", no bias");

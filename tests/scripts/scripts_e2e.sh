@@ -90,6 +90,21 @@ JSON
       grep -q "^Total img/sec on $np CPU(s): [0-9.]* +-[0-9.]*$" np$np.out || fail "no 'Total img/sec' line"
       grep -q "^RESULT {.*\"ranks\":$np" np$np.out || fail "no RESULT line for $np rank(s)"
     done
+    # --profile-ops against a count by hand. resnet20 at 3x8x8, multiply-adds per sample: conv1 3->16
+    # at 8x8 27,648; stage 1, six 16->16 at 8x8, 884,736; stage 2 (4x4) 73,728 + 147,456 + the 1x1
+    # shortcut 8,192 + four 32->32 589,824; stage 3 (2x2) the same 819,200; fc 640: 2,551,424. A
+    # step of 8 samples does 6 FLOPs per multiply-add (forward, both gradients) less conv1's input
+    # gradient (2 x 27,648): 8 x (15,308,544 - 55,296) = 122,025,984 FLOPs, in 21 convolutions.
+    "$BUILD/bench/synthetic_benchmark" --model resnet20 --input-shape 3,8,8 --batch-size 8 --num-classes 10 \
+      --threads 1 --num-warmup-batches 1 --num-batches-per-iter 2 --num-iters 2 --profile-ops --gemm-gflops 100 \
+      --set "output_dir=\"$SCRATCH/profile\"" >profile.out 2>&1 || { cat profile.out; fail "--profile-ops failed"; }
+    sed -n '/^Per-op profile/,/^Convolutions by shape/p' profile.out | sed 's/^/  /'
+    grep -q '"flops_per_step":122025984.0[,}]' profile.out ||
+      fail "--profile-ops: expected 122025984 FLOPs per step, got $(grep -o '"flops_per_step":[0-9.e+]*' profile.out)"
+    calls=$(grep '^RESULT' profile.out | grep -o '"conv [^"]*":[0-9.]*' | paste -sd' ')
+    [ "$calls" = '"conv 1x1/2 bwd":2.0 "conv 1x1/2 fwd":2.0 "conv 3x3/1 bwd":17.0 "conv 3x3/1 fwd":17.0 "conv 3x3/2 bwd":2.0 "conv 3x3/2 fwd":2.0' ] ||
+      fail "--profile-ops: expected 17 3x3/1, 2 3x3/2 and 2 1x1/2 convolutions per step each way, got: $calls"
+    grep -q '^  all kernels ' profile.out || fail "--profile-ops: no 'all kernels' row"
     ;;
   machine_probe)
     probe=$BUILD/bench/machine_probe

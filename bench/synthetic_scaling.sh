@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Horovod's synthetic benchmark at np 2 against its ceiling: two independent 1-rank runs at the same
+# time, one per core, summed (what two ranks could reach with communication for free; memory
+# bandwidth and caches are shared). Measured in interleaved pairs (np 2, then its ceiling) so that a
+# slow spell of the VM lands on both sides of a ratio; the median ratio is the figure.
+#
+#   bench/synthetic_scaling.sh [--build build] [--model resnet18] [--input-shape 3,64,64]
+#                              [--batch-size 32] [--pairs 5]
+set -euo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="$repo_root/build" model=resnet18 shape=3,64,64 batch=32 pairs=5
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --build) build=$2 ;;
+    --model) model=$2 ;;
+    --input-shape) shape=$2 ;;
+    --batch-size) batch=$2 ;;
+    --pairs) pairs=$2 ;;
+    -h | --help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "synthetic_scaling: unknown option '$1' (--help lists them)" >&2; exit 2 ;;
+  esac
+  shift 2
+done
+[[ $pairs =~ ^[1-9][0-9]*$ ]] || { echo "synthetic_scaling: --pairs must be a positive integer, got '$pairs'" >&2; exit 2; }
+bench="$build/bench/synthetic_benchmark"
+[[ -x "$bench" ]] || { echo "synthetic_scaling: $bench not built (cmake --build $build --target synthetic_benchmark)" >&2; exit 1; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+args=(--model "$model" --input-shape "$shape" --batch-size "$batch" --threads 1 --num-warmup-batches 2
+      --num-batches-per-iter 5 --num-iters 3)
+total() { sed -n 's/^RESULT //p' | /usr/bin/python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["img_per_sec_median"] * r["ranks"])'; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+ratios=()
+printf '%-5s %12s %12s %7s\n' pair "np 2 img/s" "ceiling" ratio
+for ((pair = 1; pair <= pairs; ++pair)); do
+  np2=$(mpirun -np 2 --bind-to core "$bench" "${args[@]}" | total)
+  taskset -c 0 "$bench" "${args[@]}" >"$tmp/core0" &
+  first=$!
+  taskset -c 1 "$bench" "${args[@]}" >"$tmp/core1"
+  wait "$first"
+  ceiling=$(/usr/bin/python3 -c "print($(total <"$tmp/core0") + $(total <"$tmp/core1"))")
+  ratio=$(/usr/bin/python3 -c "print(f'{$np2 / $ceiling:.3f}')")
+  ratios+=("$ratio")
+  printf '%-5s %12.1f %12.1f %7s\n' "$pair" "$np2" "$ceiling" "$ratio"
+done
+median=$(/usr/bin/python3 -c 'import statistics,sys; print(f"{statistics.median(float(v) for v in sys.argv[1:]):.3f}")' "${ratios[@]}")
+echo "$model $shape batch $batch per rank: np 2 / two independent runs, median of $pairs pairs: $median"
