@@ -138,19 +138,21 @@ class ProfilingBackend final : public Backend {
           [&] { inner_.batchnorm_running_stats(running_mean, running_var, stats, channels, eps); });
   }
   void batchnorm_normalize(const float* x, const float* stats, const float* gamma, const float* beta,
-                           float* y, BatchNormShape s) override {
-    timed("batchnorm fwd", "", 0, [&] { inner_.batchnorm_normalize(x, stats, gamma, beta, y, s); });
+                           float* y, BatchNormShape s, BatchNormEpilogue epilogue) override {
+    timed("batchnorm fwd", "", 0, [&] { inner_.batchnorm_normalize(x, stats, gamma, beta, y, s, epilogue); });
   }
-  void batchnorm_backward_reduce(const float* gy, const float* x, const float* stats, double* grad_sums,
-                                 float* ggamma, float* gbeta, BatchNormShape s) override {
-    timed("batchnorm bwd", "", 0,
-          [&] { inner_.batchnorm_backward_reduce(gy, x, stats, grad_sums, ggamma, gbeta, s); });
+  void batchnorm_backward_reduce(const float* gy, const float* relu_y, const float* x, const float* stats,
+                                 double* grad_sums, float* ggamma, float* gbeta, float* gresidual,
+                                 BatchNormShape s) override {
+    timed("batchnorm bwd", "", 0, [&] {
+      inner_.batchnorm_backward_reduce(gy, relu_y, x, stats, grad_sums, ggamma, gbeta, gresidual, s);
+    });
   }
-  void batchnorm_backward_input(const float* gy, const float* x, const float* stats, const float* gamma,
-                                const double* grad_sums, const double* sums, float* gx,
+  void batchnorm_backward_input(const float* gy, const float* relu_y, const float* x, const float* stats,
+                                const float* gamma, const double* grad_sums, const double* sums, float* gx,
                                 BatchNormShape s) override {
     timed("batchnorm bwd", "", 0,
-          [&] { inner_.batchnorm_backward_input(gy, x, stats, gamma, grad_sums, sums, gx, s); });
+          [&] { inner_.batchnorm_backward_input(gy, relu_y, x, stats, gamma, grad_sums, sums, gx, s); });
   }
 
   void mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size) override {

@@ -1,5 +1,5 @@
-// ReLU of one element, written once for every backend (CPU loops, the fused convolution epilogues,
-// the reference and the CUDA kernels inline it).
+// ReLU of one element and its gradient, written once for every backend (CPU loops, the fused convolution
+// epilogues, the reference and the CUDA kernels inline it).
 #pragma once
 
 #include "core/host_device.h"
@@ -10,6 +10,12 @@ namespace dptrain {
 // of being silently clipped to 0 (fmaxf and `v > 0 ? v : 0` both drop it); -0 becomes +0.
 DPTRAIN_HOST_DEVICE inline float relu_of(float v) {
   return v <= 0.0f ? 0.0f : v;
+}
+
+// The gradient behind ReLU's output y, as ReLU's backward adds it to a zeroed buffer: y > 0 exactly
+// where the input was, and 0 + gy * 0 keeps Inf upstream of an inactive unit visible as NaN.
+DPTRAIN_HOST_DEVICE inline float relu_gradient(float gy, float y) {
+  return 0.0f + gy * (y > 0.0f ? 1.0f : 0.0f);
 }
 
 }  // namespace dptrain

@@ -76,6 +76,15 @@ struct ConvPoolGeometry {
 struct BatchNormShape {
   int64_t batch, channels, inner;
 };
+// What the normalising pass does after the affine transform: y = relu(bn(x) + residual), either
+// part optional (ResNet's bn -> relu and bn -> + shortcut -> relu), so that neither bn(x) nor the
+// sum is stored and read back. Backward takes the ReLU's mask from y: the normalisation's own
+// gradient is 0 + gy * (y > 0 ? 1 : 0), what ReLU's backward adds to a zeroed buffer, bit for bit
+// (Inf upstream of an inactive unit still gives NaN there), and the residual's gradient gets it added.
+struct BatchNormEpilogue {
+  const float* residual = nullptr;
+  bool relu = false;
+};
 
 enum class Activation { kRelu, kTanh, kSigmoid };
 
@@ -142,19 +151,22 @@ class Backend {
   // Evaluation: stats from the running estimates.
   virtual void batchnorm_running_stats(const float* running_mean, const float* running_var, float* stats,
                                        int64_t channels, float eps) = 0;
-  // y = (x - mean) * invstd * gamma + beta
+  // y = (x - mean) * invstd * gamma + beta, then the epilogue
   virtual void batchnorm_normalize(const float* x, const float* stats, const float* gamma, const float* beta,
-                                   float* y, BatchNormShape s) = 0;
-  // grad_sums from gy and x; ggamma += sum gy (x - mean) invstd, gbeta += sum gy (either may be null).
-  virtual void batchnorm_backward_reduce(const float* gy, const float* x, const float* stats,
-                                         double* grad_sums, float* ggamma, float* gbeta,
-                                         BatchNormShape s) = 0;
+                                   float* y, BatchNormShape s, BatchNormEpilogue epilogue) = 0;
+  // In both backward kernels g is the normalisation's gradient: gy, or with relu_y (the output of an
+  // epilogue with relu) gy masked as BatchNormEpilogue says.
+  // grad_sums from g and x; ggamma += sum g (x - mean) invstd, gbeta += sum g, gresidual += g (each
+  // may be null).
+  virtual void batchnorm_backward_reduce(const float* gy, const float* relu_y, const float* x,
+                                         const float* stats, double* grad_sums, float* ggamma, float* gbeta,
+                                         float* gresidual, BatchNormShape s) = 0;
   // With grad_sums (batch statistics; count = sums[channels]):
-  //   gx += gamma invstd (gy - sum_gy / count - (x - mean) invstd^2 sum_gy_xmu / count);
-  // with grad_sums and sums null (fixed statistics, evaluation mode): gx += gamma invstd gy.
-  virtual void batchnorm_backward_input(const float* gy, const float* x, const float* stats,
-                                        const float* gamma, const double* grad_sums, const double* sums,
-                                        float* gx, BatchNormShape s) = 0;
+  //   gx += gamma invstd (g - sum_g / count - (x - mean) invstd^2 sum_g_xmu / count);
+  // with grad_sums and sums null (fixed statistics, evaluation mode): gx += gamma invstd g.
+  virtual void batchnorm_backward_input(const float* gy, const float* relu_y, const float* x,
+                                        const float* stats, const float* gamma, const double* grad_sums,
+                                        const double* sums, float* gx, BatchNormShape s) = 0;
 
   // ---- global average pooling: y [planes] = mean of each plane of `plane_size` elements ----
   virtual void mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size) = 0;

@@ -195,7 +195,7 @@ Tensor global_avgpool(const Tensor& x) {
 
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
                   const Tensor& running_var, const BatchNormOptions& o) {
-  Backend& backend = backend_of("batch_norm", {&x, &weight, &bias, &running_mean, &running_var});
+  Backend& backend = backend_of("batch_norm", {&x, &weight, &bias, &running_mean, &running_var, &o.residual});
   DPTRAIN_CHECK(x.ndim() >= 2, "batch_norm: input must be [B, C, ...], got ", shape_str(x.shape()));
   const int64_t channels = x.dim(1);
   const auto per_channel = [&](const Tensor& t) { return t.ndim() == 1 && t.dim(0) == channels; };
@@ -204,6 +204,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   DPTRAIN_CHECK(running_mean.defined() == running_var.defined() &&
                     (!running_mean.defined() || (per_channel(running_mean) && per_channel(running_var))),
                 "batch_norm: running_mean and running_var must both be [", channels, "] or both absent");
+  DPTRAIN_CHECK(!o.residual.defined() || o.residual.shape() == x.shape(), "batch_norm: residual ",
+                shape_str(o.residual.shape()), " for input ", shape_str(x.shape()), "; they must match");
   DPTRAIN_CHECK(o.training || running_mean.defined(), "batch_norm: evaluation needs running statistics");
   const BatchNormShape s{x.dim(0), channels,
                          x.dim(0) * channels == 0 ? 0 : x.numel() / (x.dim(0) * channels)};
@@ -228,23 +230,29 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
                                     channels, o.eps);
   }
   Tensor out = Tensor::empty(x.shape(), device);
+  const Tensor residual = o.residual;
   backend.batchnorm_normalize(x.data_ptr(), stats->as<float>(), weight.data_ptr(), bias.data_ptr(),
-                              out.data_ptr(), s);
-  if (autograd::any_requires_grad({&x, &weight, &bias})) {
-    const bool training = o.training;
+                              out.data_ptr(), s, {.residual = data_if_defined(residual), .relu = o.relu});
+  if (autograd::any_requires_grad({&x, &weight, &bias, &residual})) {
+    const bool training = o.training, relu = o.relu;
     CrossReplicaSum* sync = o.sync;
     autograd::record(
-        out, {&x, &weight, &bias}, [&backend, x, weight, bias, out, sums, stats, s, training, sync] {
+        out, {&x, &weight, &bias, &residual},
+        [&backend, x, weight, bias, residual, out, sums, stats, s, training, relu, sync] {
           StoragePtr grad_sums = make_storage(sizeof(double) * 2 * s.channels, x.device());
-          // weight and bias take this replica's sums: the gradient reduction adds the replicas' later.
-          backend.batchnorm_backward_reduce(out.grad_ptr(), x.data_ptr(), stats->as<float>(),
+          // ReLU's mask is read from the output: positive exactly where its input was.
+          const float* relu_y = relu ? out.data_ptr() : nullptr;
+          // weight and bias take this replica's sums: the gradient reduction adds the
+          // replicas' later.
+          backend.batchnorm_backward_reduce(out.grad_ptr(), relu_y, x.data_ptr(), stats->as<float>(),
                                             grad_sums->as<double>(), grad_if_wanted(weight),
-                                            grad_if_wanted(bias), s);
+                                            grad_if_wanted(bias), grad_if_wanted(residual), s);
           if (!x.requires_grad()) return;
-          // The input gradient sees the whole batch's sums: each rank's gy holds only its own loss's part.
+          // The input gradient sees the whole batch's sums: each rank's gy holds only its
+          // own loss's part.
           if (training && sync)
             sync->sum(grad_sums->as<double>(), 2 * s.channels, x.device(), "SyncBatchNorm grad sums");
-          backend.batchnorm_backward_input(out.grad_ptr(), x.data_ptr(), stats->as<float>(),
+          backend.batchnorm_backward_input(out.grad_ptr(), relu_y, x.data_ptr(), stats->as<float>(),
                                            weight.data_ptr(), training ? grad_sums->as<double>() : nullptr,
                                            training ? sums->as<double>() : nullptr, x.grad_ptr(), s);
         });

@@ -60,6 +60,11 @@ struct BatchNormOptions {
   float momentum = 0.1f;
   float eps = 1e-5f;
   CrossReplicaSum* sync = nullptr;  // training with it: statistics over every replica's batch
+  // The epilogue, in the same pass (a ResNet block's tail): relu(batch_norm(x) + residual), residual
+  // (when defined) of x's shape. The numbers are those of batch_norm, add and relu as separate ops,
+  // bit for bit, without storing the normalised tensor or the sum, forward or backward.
+  Tensor residual{};
+  bool relu = false;
 };
 // x [B, C, ...] normalised per channel (PyTorch's batch_norm): training uses the batch's mean and
 // biased variance and moves running_mean / running_var (if defined) towards its mean and unbiased

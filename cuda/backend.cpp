@@ -543,22 +543,23 @@ void CudaBackend::batchnorm_running_stats(const float* running_mean, const float
   cuda::batchnorm_running_stats(running_mean, running_var, stats, channels, eps, compute_);
 }
 void CudaBackend::batchnorm_normalize(const float* x, const float* stats, const float* gamma,
-                                      const float* beta, float* y, BatchNormShape s) {
+                                      const float* beta, float* y, BatchNormShape s,
+                                      BatchNormEpilogue epilogue) {
   make_current();
-  cuda::batchnorm_normalize(x, stats, gamma, beta, y, s, compute_);
+  cuda::batchnorm_normalize(x, stats, gamma, beta, y, s, epilogue, compute_);
 }
-void CudaBackend::batchnorm_backward_reduce(const float* gy, const float* x, const float* stats,
-                                            double* grad_sums, float* ggamma, float* gbeta,
-                                            BatchNormShape s) {
+void CudaBackend::batchnorm_backward_reduce(const float* gy, const float* relu_y, const float* x,
+                                            const float* stats, double* grad_sums, float* ggamma,
+                                            float* gbeta, float* gresidual, BatchNormShape s) {
   make_current();
-  cuda::batchnorm_backward_reduce(gy, x, stats, grad_sums, ggamma, gbeta, s,
+  cuda::batchnorm_backward_reduce(gy, relu_y, x, stats, grad_sums, ggamma, gbeta, gresidual, s,
                                   reduction_buffer(batchnorm_partials(s)), compute_);
 }
-void CudaBackend::batchnorm_backward_input(const float* gy, const float* x, const float* stats,
-                                           const float* gamma, const double* grad_sums, const double* sums,
-                                           float* gx, BatchNormShape s) {
+void CudaBackend::batchnorm_backward_input(const float* gy, const float* relu_y, const float* x,
+                                           const float* stats, const float* gamma, const double* grad_sums,
+                                           const double* sums, float* gx, BatchNormShape s) {
   make_current();
-  cuda::batchnorm_backward_input(gy, x, stats, gamma, grad_sums, sums, gx, s, compute_);
+  cuda::batchnorm_backward_input(gy, relu_y, x, stats, gamma, grad_sums, sums, gx, s, compute_);
 }
 void CudaBackend::mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size) {
   make_current();

@@ -229,18 +229,29 @@ __global__ void add_splits_kernel(const double* __restrict__ partials, double* _
   if (count >= 0 && first_index() == 0) out[channels] = count;
 }
 
-__global__ void batchnorm_partial_backward_kernel(const float* __restrict__ gy, const float* __restrict__ x,
-                                                  const float* __restrict__ stats,
-                                                  double* __restrict__ partials, BatchNormShape s,
-                                                  int splits) {
+// The normalisation's gradient at element i: gy, or through the epilogue's ReLU when relu_y is set.
+__device__ float normalized_gradient(const float* __restrict__ gy, const float* __restrict__ relu_y,
+                                     int64_t i) {
+  return relu_y ? relu_gradient(gy[i], relu_y[i]) : gy[i];
+}
+
+__global__ void batchnorm_partial_backward_kernel(
+    const float* __restrict__ gy, const float* __restrict__ relu_y, const float* __restrict__ x,
+    const float* __restrict__ stats, double* __restrict__ partials, BatchNormShape s, int splits) {
   __shared__ double shared[kThreads];
   const int64_t c = blockIdx.y;
   const float mean = stats[c];
   const SplitRange r = split_of(s, splits);
-  const double sum_gy =
-      block_sum(split_sum(s, c, r, [&](int64_t at) { return static_cast<double>(gy[at]); }), shared);
-  const double sum_gy_xmu = block_sum(
-      split_sum(s, c, r, [&](int64_t at) { return static_cast<double>(gy[at] * (x[at] - mean)); }), shared);
+  const double sum_gy = block_sum(
+      split_sum(s, c, r,
+                [&](int64_t at) { return static_cast<double>(normalized_gradient(gy, relu_y, at)); }),
+      shared);
+  const double sum_gy_xmu =
+      block_sum(split_sum(s, c, r,
+                          [&](int64_t at) {
+                            return static_cast<double>(normalized_gradient(gy, relu_y, at) * (x[at] - mean));
+                          }),
+                shared);
   if (threadIdx.x == 0) {
     partials[c * splits + blockIdx.x] = sum_gy;
     partials[(s.channels + c) * splits + blockIdx.x] = sum_gy_xmu;
@@ -294,31 +305,40 @@ __global__ void batchnorm_running_stats_kernel(const float* __restrict__ running
 template <typename Index>
 __global__ void batchnorm_normalize_kernel(const float* __restrict__ x, const float* __restrict__ stats,
                                            const float* __restrict__ gamma, const float* __restrict__ beta,
+                                           const float* __restrict__ residual, bool relu,
                                            float* __restrict__ y, BatchNormShape s) {
   const Index n = static_cast<Index>(s.batch * s.channels * s.inner), inner = static_cast<Index>(s.inner),
               channels = static_cast<Index>(s.channels);
   for (Index i = static_cast<Index>(first_index()); i < n; i += static_cast<Index>(grid_stride())) {
     const Index c = (i / inner) % channels;
     const float scale = stats[s.channels + c] * gamma[c], shift = beta[c] - stats[c] * scale;
-    y[i] = x[i] * scale + shift;
+    float v = x[i] * scale + shift;
+    if (residual) v += residual[i];
+    y[i] = relu ? relu_of(v) : v;
   }
+}
+
+__global__ void batchnorm_residual_gradient_kernel(const float* __restrict__ gy,
+                                                   const float* __restrict__ relu_y,
+                                                   float* __restrict__ gresidual, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride())
+    gresidual[i] += normalized_gradient(gy, relu_y, i);
 }
 
 // grad_sums null: fixed statistics (evaluation), gx += gamma invstd gy.
 template <typename Index>
-__global__ void batchnorm_backward_input_kernel(const float* __restrict__ gy, const float* __restrict__ x,
-                                                const float* __restrict__ stats,
-                                                const float* __restrict__ gamma,
-                                                const double* __restrict__ grad_sums,
-                                                const double* __restrict__ sums, float* __restrict__ gx,
-                                                BatchNormShape s) {
+__global__ void batchnorm_backward_input_kernel(
+    const float* __restrict__ gy, const float* __restrict__ relu_y, const float* __restrict__ x,
+    const float* __restrict__ stats, const float* __restrict__ gamma, const double* __restrict__ grad_sums,
+    const double* __restrict__ sums, float* __restrict__ gx, BatchNormShape s) {
   const Index n = static_cast<Index>(s.batch * s.channels * s.inner), inner = static_cast<Index>(s.inner),
               channels = static_cast<Index>(s.channels);
   for (Index i = static_cast<Index>(first_index()); i < n; i += static_cast<Index>(grid_stride())) {
     const Index c = (i / inner) % channels;
     const float mean = stats[c], invstd = stats[s.channels + c], scale = gamma[c] * invstd;
+    const float g = normalized_gradient(gy, relu_y, static_cast<int64_t>(i));
     if (grad_sums == nullptr) {
-      gx[i] += scale * gy[i];
+      gx[i] += scale * g;
       continue;
     }
     const double count = sums[s.channels];
@@ -326,7 +346,7 @@ __global__ void batchnorm_backward_input_kernel(const float* __restrict__ gy, co
     const auto mean_gy_xmu = static_cast<float>(grad_sums[s.channels + c] / count);
     const float slope = -scale * invstd * invstd * mean_gy_xmu;
     const float offset = -scale * mean_gy - slope * mean;
-    gx[i] += gy[i] * scale + x[i] * slope + offset;
+    gx[i] += g * scale + x[i] * slope + offset;
   }
 }
 
@@ -638,28 +658,31 @@ void batchnorm_running_stats(const float* running_mean, const float* running_var
 }
 
 void batchnorm_normalize(const float* x, const float* stats, const float* gamma, const float* beta, float* y,
-                         BatchNormShape s, cudaStream_t stream) {
+                         BatchNormShape s, BatchNormEpilogue epilogue, cudaStream_t stream) {
   DPTRAIN_LAUNCH_INDEXED(batchnorm_normalize_kernel, s.batch * s.channels * s.inner, stream, x, stats, gamma,
-                         beta, y, s);
+                         beta, epilogue.residual, epilogue.relu, y, s);
 }
 
-void batchnorm_backward_reduce(const float* gy, const float* x, const float* stats, double* grad_sums,
-                               float* ggamma, float* gbeta, BatchNormShape s, double* partials,
-                               cudaStream_t stream) {
+void batchnorm_backward_reduce(const float* gy, const float* relu_y, const float* x, const float* stats,
+                               double* grad_sums, float* ggamma, float* gbeta, float* gresidual,
+                               BatchNormShape s, double* partials, cudaStream_t stream) {
   if (s.channels == 0) return;
   const int splits = batchnorm_splits(s);
-  batchnorm_partial_backward_kernel<<<batchnorm_grid(s), kThreads, 0, stream>>>(gy, x, stats, partials, s,
-                                                                                splits);
+  batchnorm_partial_backward_kernel<<<batchnorm_grid(s), kThreads, 0, stream>>>(gy, relu_y, x, stats,
+                                                                                partials, s, splits);
   DPTRAIN_CUDA_CHECK_LAUNCH("batchnorm_partial_backward_kernel");
   DPTRAIN_LAUNCH(batchnorm_finish_backward_kernel, s.channels, stream, partials, stats, grad_sums, ggamma,
                  gbeta, s.channels, splits);
+  if (gresidual)
+    DPTRAIN_LAUNCH(batchnorm_residual_gradient_kernel, s.batch * s.channels * s.inner, stream, gy, relu_y,
+                   gresidual, s.batch * s.channels * s.inner);
 }
 
-void batchnorm_backward_input(const float* gy, const float* x, const float* stats, const float* gamma,
-                              const double* grad_sums, const double* sums, float* gx, BatchNormShape s,
-                              cudaStream_t stream) {
-  DPTRAIN_LAUNCH_INDEXED(batchnorm_backward_input_kernel, s.batch * s.channels * s.inner, stream, gy, x,
-                         stats, gamma, grad_sums, sums, gx, s);
+void batchnorm_backward_input(const float* gy, const float* relu_y, const float* x, const float* stats,
+                              const float* gamma, const double* grad_sums, const double* sums, float* gx,
+                              BatchNormShape s, cudaStream_t stream) {
+  DPTRAIN_LAUNCH_INDEXED(batchnorm_backward_input_kernel, s.batch * s.channels * s.inner, stream, gy, relu_y,
+                         x, stats, gamma, grad_sums, sums, gx, s);
 }
 
 void mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size, cudaStream_t stream) {

@@ -16,10 +16,19 @@ BatchNorm::BatchNorm(std::string name, int64_t channels)
       num_batches_tracked_(Tensor::zeros({})) {}
 
 Tensor BatchNorm::forward(const Tensor& x) {
+  return forward(x, Tensor(), fused_relu_);
+}
+
+Tensor BatchNorm::forward(const Tensor& x, const Tensor& residual, bool relu) {
   if (training())
     backend_for(num_batches_tracked_.device()).add_scalar(num_batches_tracked_.data_ptr(), 1, 1.0f);
   return ops::batch_norm(x, weight_, bias_, running_mean_, running_var_,
-                         {.training = training(), .momentum = 0.1f, .eps = 1e-5f, .sync = sync_});
+                         {.training = training(),
+                          .momentum = 0.1f,
+                          .eps = 1e-5f,
+                          .sync = sync_,
+                          .residual = residual,
+                          .relu = relu});
 }
 
 std::vector<NamedTensor> BatchNorm::named_parameters() const {

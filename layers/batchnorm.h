@@ -15,6 +15,12 @@ namespace dptrain::layers {
 class BatchNorm : public Module {
  public:
   Tensor forward(const Tensor& x) override;
+  // relu(forward(x) + residual) in the normalising pass (ops::BatchNormOptions: the same numbers,
+  // one pass over memory instead of three); residual may be undefined.
+  Tensor forward(const Tensor& x, const Tensor& residual, bool relu);
+  // Applies the ReLU that follows this layer itself (Sequential's fusion; forward(x) then returns
+  // relu(batch_norm(x))).
+  void fuse_relu() { fused_relu_ = true; }
   std::vector<NamedTensor> named_parameters() const override;
   std::vector<NamedTensor> named_buffers() const override;
   void sync_batch_statistics(CrossReplicaSum* sync) override { sync_ = sync; }
@@ -30,6 +36,7 @@ class BatchNorm : public Module {
   std::string name_;
   Tensor weight_, bias_, running_mean_, running_var_, num_batches_tracked_;
   CrossReplicaSum* sync_ = nullptr;
+  bool fused_relu_ = false;
 };
 
 // Per sample [C, H, W].

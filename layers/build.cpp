@@ -25,6 +25,23 @@ void fuse_conv_relu_maxpool(Sequential& model) {
   }
 }
 
+// batchnorm1d or batchnorm2d followed by relu: the normalising pass applies the ReLU (the same
+// numbers; ReLU's own passes over the activation, forward and backward, are gone).
+void fuse_batchnorm_relu(Sequential& model) {
+  for (std::size_t i = 0; i + 1 < model.size(); ++i) {
+    auto* bn = dynamic_cast<BatchNorm*>(&model.layer(i));
+    auto* act = dynamic_cast<ActivationLayer*>(&model.layer(i + 1));
+    if (!bn || !act || act->kind() != Activation::kRelu) continue;
+    bn->fuse_relu();
+    act->mark_fused();
+  }
+}
+
+void fuse_layers(Sequential& model) {
+  fuse_conv_relu_maxpool(model);
+  fuse_batchnorm_relu(model);
+}
+
 }  // namespace
 
 std::unique_ptr<Sequential> build_sequential(const Json& layers, const Shape& input_shape, uint64_t seed,
@@ -44,7 +61,7 @@ std::unique_ptr<Sequential> build_sequential(const Json& layers, const Shape& in
       DPTRAIN_FAIL("config key ", path, "[", i, "]: ", e.what());
     }
   }
-  fuse_conv_relu_maxpool(*model);
+  fuse_layers(*model);
   return model;
 }
 
@@ -53,6 +70,7 @@ std::unique_ptr<Sequential> build_architecture(const std::string& architecture_n
   const Architecture& architecture = layers::architecture(architecture_name);
   DPTRAIN_CHECK(num_classes >= 1, "config key model.num_classes must be >= 1");
   auto model = architecture.build(input_shape, num_classes, seed);
+  fuse_layers(*model);
   try {
     model->output_shape(input_shape);
   } catch (const Error& e) {

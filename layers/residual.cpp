@@ -33,14 +33,14 @@ ResidualBlock::ConvBn ResidualBlock::add_conv_bn(const std::string& conv_name, c
   return {&conv, &bn};
 }
 
+// relu(path(x) + shortcut(x)), each BatchNorm applying what follows it in its own pass: the ReLU
+// inside the path, and the shortcut's addition and the final ReLU after the last one.
 Tensor ResidualBlock::forward(const Tensor& x) {
   Tensor h = x;
-  for (std::size_t i = 0; i < path_.size(); ++i) {
-    h = path_[i].bn->forward(path_[i].conv->forward(h));
-    if (i + 1 < path_.size()) h = ops::relu(h);
-  }
+  for (std::size_t i = 0; i + 1 < path_.size(); ++i)
+    h = path_[i].bn->forward(path_[i].conv->forward(h), {}, true);
   const Tensor shortcut = downsample_ ? downsample_->bn->forward(downsample_->conv->forward(x)) : x;
-  return ops::relu(ops::add(h, shortcut));
+  return path_.back().bn->forward(path_.back().conv->forward(h), shortcut, true);
 }
 
 Shape ResidualBlock::output_shape(const Shape& input) const {

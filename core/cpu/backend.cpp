@@ -131,17 +131,19 @@ void CpuBackend::batchnorm_running_stats(const float* running_mean, const float*
   cpu::batchnorm_running_stats(running_mean, running_var, stats, channels, eps);
 }
 void CpuBackend::batchnorm_normalize(const float* x, const float* stats, const float* gamma,
-                                     const float* beta, float* y, BatchNormShape s) {
-  cpu::batchnorm_normalize(x, stats, gamma, beta, y, s);
+                                     const float* beta, float* y, BatchNormShape s,
+                                     BatchNormEpilogue epilogue) {
+  cpu::batchnorm_normalize(x, stats, gamma, beta, y, s, epilogue);
 }
-void CpuBackend::batchnorm_backward_reduce(const float* gy, const float* x, const float* stats,
-                                           double* grad_sums, float* ggamma, float* gbeta, BatchNormShape s) {
-  cpu::batchnorm_backward_reduce(gy, x, stats, grad_sums, ggamma, gbeta, s);
+void CpuBackend::batchnorm_backward_reduce(const float* gy, const float* relu_y, const float* x,
+                                           const float* stats, double* grad_sums, float* ggamma, float* gbeta,
+                                           float* gresidual, BatchNormShape s) {
+  cpu::batchnorm_backward_reduce(gy, relu_y, x, stats, grad_sums, ggamma, gbeta, gresidual, s);
 }
-void CpuBackend::batchnorm_backward_input(const float* gy, const float* x, const float* stats,
-                                          const float* gamma, const double* grad_sums, const double* sums,
-                                          float* gx, BatchNormShape s) {
-  cpu::batchnorm_backward_input(gy, x, stats, gamma, grad_sums, sums, gx, s);
+void CpuBackend::batchnorm_backward_input(const float* gy, const float* relu_y, const float* x,
+                                          const float* stats, const float* gamma, const double* grad_sums,
+                                          const double* sums, float* gx, BatchNormShape s) {
+  cpu::batchnorm_backward_input(gy, relu_y, x, stats, gamma, grad_sums, sums, gx, s);
 }
 void CpuBackend::mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size) {
   cpu::mean_planes(x, y, planes, plane_size);

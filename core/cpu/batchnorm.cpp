@@ -1,9 +1,12 @@
 // Batch normalisation and global average pooling on the CPU. Per-channel sums accumulate in double
 // (a float running sum over 400k elements of a ResNet-50 stem channel loses about 5 digits) and
 // stay double until the statistics are formed; the elementwise passes run over (sample, channel)
-// planes, contiguous and vectorised.
+// planes, contiguous and vectorised. The epilogue (+ residual, ReLU) and its backward are compiled in
+// per variant, so that the plain normalisation's loops stay as they were.
 #include <cmath>
+#include <vector>
 
+#include "core/activation_rules.h"
 #include "core/cpu/kernels.h"
 
 namespace dptrain::cpu {
@@ -79,29 +82,61 @@ void batchnorm_running_stats(const float* running_mean, const float* running_var
   }
 }
 
-void batchnorm_normalize(const float* x, const float* stats, const float* gamma, const float* beta, float* y,
-                         BatchNormShape s) {
+namespace {
+
+template <bool kResidual, bool kRelu>
+void normalize(const float* x, const float* stats, const float* gamma, const float* beta,
+               const float* residual, float* y, BatchNormShape s) {
   for_each_plane(s, [&](int64_t c, int64_t at) {
     // y = x * scale + shift: one multiply-add per element.
     const float scale = stats[s.channels + c] * gamma[c], shift = beta[c] - stats[c] * scale;
 #pragma omp simd
-    for (int64_t i = 0; i < s.inner; ++i) y[at + i] = x[at + i] * scale + shift;
+    for (int64_t i = 0; i < s.inner; ++i) {
+      float v = x[at + i] * scale + shift;
+      if constexpr (kResidual) v += residual[at + i];
+      y[at + i] = kRelu ? relu_of(v) : v;
+    }
   });
 }
 
-void batchnorm_backward_reduce(const float* gy, const float* x, const float* stats, double* grad_sums,
-                               float* ggamma, float* gbeta, BatchNormShape s) {
+// One plane's sums of g and g * (x - mean). Every variant of the reduction runs this one loop, out of
+// line: a loop body that also masked or stored would be vectorised with other partial sums, and the
+// fused kernels would no longer match the separate ones bit for bit.
+[[gnu::noinline]] void plane_gradient_sums(const float* g, const float* x, float mean, int64_t n,
+                                           float& sum_g, float& sum_g_xmu) {
+  float partial_g = 0, partial_g_xmu = 0;
+#pragma omp simd reduction(+ : partial_g, partial_g_xmu)
+  for (int64_t i = 0; i < n; ++i) {
+    partial_g += g[i];
+    partial_g_xmu += g[i] * (x[i] - mean);
+  }
+  sum_g = partial_g;
+  sum_g_xmu = partial_g_xmu;
+}
+
+template <bool kRelu, bool kResidual>
+void backward_reduce(const float* gy, const float* relu_y, const float* x, const float* stats,
+                     double* grad_sums, float* ggamma, float* gbeta, float* gresidual, BatchNormShape s) {
   for_each_channel(s, [&](int64_t c) {
+    // The plane's gradient through the ReLU, while it is in L1 (a ResNet plane is at most 49 kB).
+    thread_local std::vector<float> masked;
+    if (kRelu) masked.resize(static_cast<std::size_t>(s.inner));
     const float mean = stats[c];
     double sum_gy = 0, sum_gy_xmu = 0;
     for (int64_t b = 0; b < s.batch; ++b) {
       const int64_t at = (b * s.channels + c) * s.inner;
-      float partial_gy = 0, partial_gy_xmu = 0;
-#pragma omp simd reduction(+ : partial_gy, partial_gy_xmu)
-      for (int64_t i = 0; i < s.inner; ++i) {
-        partial_gy += gy[at + i];
-        partial_gy_xmu += gy[at + i] * (x[at + i] - mean);
+      const float* g = gy + at;
+      if constexpr (kRelu) {
+#pragma omp simd
+        for (int64_t i = 0; i < s.inner; ++i) masked[i] = relu_gradient(gy[at + i], relu_y[at + i]);
+        g = masked.data();
       }
+      if constexpr (kResidual) {
+#pragma omp simd
+        for (int64_t i = 0; i < s.inner; ++i) gresidual[at + i] += g[i];
+      }
+      float partial_gy, partial_gy_xmu;
+      plane_gradient_sums(g, x + at, mean, s.inner, partial_gy, partial_gy_xmu);
       sum_gy += partial_gy;
       sum_gy_xmu += partial_gy_xmu;
     }
@@ -112,16 +147,19 @@ void batchnorm_backward_reduce(const float* gy, const float* x, const float* sta
   });
 }
 
-void batchnorm_backward_input(const float* gy, const float* x, const float* stats, const float* gamma,
-                              const double* grad_sums, const double* sums, float* gx, BatchNormShape s) {
+template <bool kRelu>
+void backward_input(const float* gy, const float* relu_y, const float* x, const float* stats,
+                    const float* gamma, const double* grad_sums, const double* sums, float* gx,
+                    BatchNormShape s) {
+  const auto g = [&](int64_t i) { return kRelu ? relu_gradient(gy[i], relu_y[i]) : gy[i]; };
   for_each_plane(s, [&](int64_t c, int64_t at) {
     const float mean = stats[c], invstd = stats[s.channels + c], scale = gamma[c] * invstd;
     if (grad_sums == nullptr) {
 #pragma omp simd
-      for (int64_t i = 0; i < s.inner; ++i) gx[at + i] += scale * gy[at + i];
+      for (int64_t i = 0; i < s.inner; ++i) gx[at + i] += scale * g(at + i);
       return;
     }
-    // gx = scale * (gy - mean_gy - (x - mean) * invstd^2 * mean_gy_xmu), written as gy * scale +
+    // gx = scale * (g - mean_g - (x - mean) * invstd^2 * mean_g_xmu), written as g * scale +
     // x * slope + offset so the loop is two multiply-adds.
     const double count = sums[s.channels];
     const auto mean_gy = static_cast<float>(grad_sums[c] / count);
@@ -129,8 +167,32 @@ void batchnorm_backward_input(const float* gy, const float* x, const float* stat
     const float slope = -scale * invstd * invstd * mean_gy_xmu;
     const float offset = -scale * mean_gy - slope * mean;
 #pragma omp simd
-    for (int64_t i = 0; i < s.inner; ++i) gx[at + i] += gy[at + i] * scale + x[at + i] * slope + offset;
+    for (int64_t i = 0; i < s.inner; ++i) gx[at + i] += g(at + i) * scale + x[at + i] * slope + offset;
   });
+}
+
+}  // namespace
+
+void batchnorm_normalize(const float* x, const float* stats, const float* gamma, const float* beta, float* y,
+                         BatchNormShape s, BatchNormEpilogue e) {
+  const auto run = e.residual ? (e.relu ? normalize<true, true> : normalize<true, false>)
+                              : (e.relu ? normalize<false, true> : normalize<false, false>);
+  run(x, stats, gamma, beta, e.residual, y, s);
+}
+
+void batchnorm_backward_reduce(const float* gy, const float* relu_y, const float* x, const float* stats,
+                               double* grad_sums, float* ggamma, float* gbeta, float* gresidual,
+                               BatchNormShape s) {
+  const auto run = relu_y ? (gresidual ? backward_reduce<true, true> : backward_reduce<true, false>)
+                          : (gresidual ? backward_reduce<false, true> : backward_reduce<false, false>);
+  run(gy, relu_y, x, stats, grad_sums, ggamma, gbeta, gresidual, s);
+}
+
+void batchnorm_backward_input(const float* gy, const float* relu_y, const float* x, const float* stats,
+                              const float* gamma, const double* grad_sums, const double* sums, float* gx,
+                              BatchNormShape s) {
+  (relu_y ? backward_input<true> : backward_input<false>)(gy, relu_y, x, stats, gamma, grad_sums, sums, gx,
+                                                          s);
 }
 
 void mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size) {

@@ -38,11 +38,13 @@ void batchnorm_batch_stats(const double* sums, const double* squares, float* sta
 void batchnorm_running_stats(const float* running_mean, const float* running_var, float* stats,
                              int64_t channels, float eps);
 void batchnorm_normalize(const float* x, const float* stats, const float* gamma, const float* beta, float* y,
-                         BatchNormShape s);
-void batchnorm_backward_reduce(const float* gy, const float* x, const float* stats, double* grad_sums,
-                               float* ggamma, float* gbeta, BatchNormShape s);
-void batchnorm_backward_input(const float* gy, const float* x, const float* stats, const float* gamma,
-                              const double* grad_sums, const double* sums, float* gx, BatchNormShape s);
+                         BatchNormShape s, BatchNormEpilogue epilogue);
+void batchnorm_backward_reduce(const float* gy, const float* relu_y, const float* x, const float* stats,
+                               double* grad_sums, float* ggamma, float* gbeta, float* gresidual,
+                               BatchNormShape s);
+void batchnorm_backward_input(const float* gy, const float* relu_y, const float* x, const float* stats,
+                              const float* gamma, const double* grad_sums, const double* sums, float* gx,
+                              BatchNormShape s);
 void mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size);
 void mean_planes_backward(const float* gy, float* gx, int64_t planes, int64_t plane_size);
 

@@ -238,22 +238,27 @@ void ReferenceBackend::batchnorm_running_stats(const float* running_mean, const 
 }
 
 void ReferenceBackend::batchnorm_normalize(const float* x, const float* stats, const float* gamma,
-                                           const float* beta, float* y, BatchNormShape s) {
+                                           const float* beta, float* y, BatchNormShape s,
+                                           BatchNormEpilogue e) {
   for (int64_t c = 0; c < s.channels; ++c)
     for_channel(s, c, [&](int64_t at) {
-      y[at] = round_to_float((x[at] - static_cast<double>(stats[c])) * stats[s.channels + c] * gamma[c] +
-                             beta[c]);
+      float v = round_to_float((x[at] - static_cast<double>(stats[c])) * stats[s.channels + c] * gamma[c] +
+                               beta[c]);
+      if (e.residual) v += e.residual[at];
+      y[at] = e.relu ? relu_of(v) : v;
     });
 }
 
-void ReferenceBackend::batchnorm_backward_reduce(const float* gy, const float* x, const float* stats,
-                                                 double* grad_sums, float* ggamma, float* gbeta,
-                                                 BatchNormShape s) {
+void ReferenceBackend::batchnorm_backward_reduce(const float* gy, const float* relu_y, const float* x,
+                                                 const float* stats, double* grad_sums, float* ggamma,
+                                                 float* gbeta, float* gresidual, BatchNormShape s) {
   for (int64_t c = 0; c < s.channels; ++c) {
     double sum_gy = 0, sum_gy_xmu = 0;
     for_channel(s, c, [&](int64_t at) {
-      sum_gy += gy[at];
-      sum_gy_xmu += static_cast<double>(gy[at]) * (x[at] - static_cast<double>(stats[c]));
+      const float g = relu_y ? relu_gradient(gy[at], relu_y[at]) : gy[at];
+      sum_gy += g;
+      sum_gy_xmu += static_cast<double>(g) * (x[at] - static_cast<double>(stats[c]));
+      if (gresidual) gresidual[at] += g;
     });
     grad_sums[c] = sum_gy;
     grad_sums[s.channels + c] = sum_gy_xmu;
@@ -262,13 +267,14 @@ void ReferenceBackend::batchnorm_backward_reduce(const float* gy, const float* x
   }
 }
 
-void ReferenceBackend::batchnorm_backward_input(const float* gy, const float* x, const float* stats,
-                                                const float* gamma, const double* grad_sums,
-                                                const double* sums, float* gx, BatchNormShape s) {
+void ReferenceBackend::batchnorm_backward_input(const float* gy, const float* relu_y, const float* x,
+                                                const float* stats, const float* gamma,
+                                                const double* grad_sums, const double* sums, float* gx,
+                                                BatchNormShape s) {
   for (int64_t c = 0; c < s.channels; ++c) {
     const double mean = stats[c], invstd = stats[s.channels + c], scale = gamma[c] * invstd;
     for_channel(s, c, [&](int64_t at) {
-      double g = gy[at];
+      double g = relu_y ? relu_gradient(gy[at], relu_y[at]) : gy[at];
       if (grad_sums) {
         const double count = sums[s.channels];
         g -= grad_sums[c] / count + (x[at] - mean) * invstd * invstd * grad_sums[s.channels + c] / count;

@@ -30,11 +30,12 @@ class ReferenceBackend final : public cpu::HostMemory {
   void batchnorm_running_stats(const float* running_mean, const float* running_var, float* stats,
                                int64_t channels, float eps) override;
   void batchnorm_normalize(const float* x, const float* stats, const float* gamma, const float* beta,
-                           float* y, BatchNormShape s) override;
-  void batchnorm_backward_reduce(const float* gy, const float* x, const float* stats, double* grad_sums,
-                                 float* ggamma, float* gbeta, BatchNormShape s) override;
-  void batchnorm_backward_input(const float* gy, const float* x, const float* stats, const float* gamma,
-                                const double* grad_sums, const double* sums, float* gx,
+                           float* y, BatchNormShape s, BatchNormEpilogue epilogue) override;
+  void batchnorm_backward_reduce(const float* gy, const float* relu_y, const float* x, const float* stats,
+                                 double* grad_sums, float* ggamma, float* gbeta, float* gresidual,
+                                 BatchNormShape s) override;
+  void batchnorm_backward_input(const float* gy, const float* relu_y, const float* x, const float* stats,
+                                const float* gamma, const double* grad_sums, const double* sums, float* gx,
                                 BatchNormShape s) override;
   void mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size) override;
   void mean_planes_backward(const float* gy, float* gx, int64_t planes, int64_t plane_size) override;

@@ -376,6 +376,11 @@ std::vector<Case> cases() {
                  [](const std::vector<Tensor>& t) { return ops::maxpool2d(t[0], 3, 2, 1); },
                  kExact});
   out.push_back({"maxpool2d",
+                 "[2, 3, 13, 12], kernel 3, stride 2, pad 1, ties",
+                 {in({2, 3, 13, 12}, Fill::kTies)},
+                 [](const std::vector<Tensor>& t) { return ops::maxpool2d(t[0], 3, 2, 1); },
+                 kExact});
+  out.push_back({"maxpool2d",
                  "[1, 2, 6, 6], kernel 2, stride 1, pad 1, ties",
                  {in({1, 2, 6, 6}, Fill::kTies)},
                  [](const std::vector<Tensor>& t) { return ops::maxpool2d(t[0], 2, 1, 1); },
@@ -394,6 +399,24 @@ std::vector<Case> cases() {
          },
          kGemm});
   }
+  // batch_norm with its epilogue, relu(bn(x) + residual) (ResNet blocks' tails), residual differentiable
+  for (const auto& [shape, training] : std::vector<std::pair<Shape, bool>>{
+           {{4, 3, 5, 7}, true}, {{8, 64, 7, 7}, true}, {{4, 3, 5, 7}, false}})
+    for (const bool residual : {false, true}) {
+      const int64_t c = shape[1];
+      std::vector<Input> inputs = {in(shape), in({c}, Fill::kPositive), in({c}), constant({c}),
+                                   constant({c}, Fill::kPositive)};
+      if (residual) inputs.push_back(in(shape));
+      out.push_back(
+          {"batch_norm_relu",
+           str(shape) + (residual ? " + residual" : "") + (training ? ", training" : ", evaluation"), inputs,
+           [training, residual](const std::vector<Tensor>& t) {
+             return ops::batch_norm(
+                 t[0], t[1], t[2], t[3], t[4],
+                 {.training = training, .residual = residual ? t[5] : Tensor(), .relu = true});
+           },
+           kGemm});
+    }
   for (const Shape& shape : std::vector<Shape>{{2, 3, 7, 13}, {32, 512, 7, 7}})
     out.push_back({"global_avgpool",
                    str(shape),
@@ -509,6 +532,79 @@ TEST(Fused, ConvReluMaxpoolIsItsPartsBitwise) {
               << what << ": gradient of input " << k << " differs by "
               << error_of(fused.gradients_twice[k], parts.gradients_twice[k]);
       }
+}
+
+// BatchNorm's epilogue is batch_norm, add and relu as separate ops, bit for bit, on every backend:
+// outputs and each input's gradient, with and without the residual, in training and evaluation,
+// and with Inf in the upstream gradient (NaN behind an inactive unit, as ReLU's backward makes it).
+TEST(Fused, BatchNormAddReluIsItsPartsBitwise) {
+  std::vector<Device> devices = devices_under_test();
+  devices.push_back(Device::reference());
+  const auto infinities = [](std::vector<float>& upstream) {
+    for (std::size_t i = 0; i < upstream.size(); i += 7) upstream[i] = i % 2 ? INFINITY : -INFINITY;
+  };
+  for (const Device device : devices)
+    for (const Shape& shape : std::vector<Shape>{{4, 3, 5, 7}, {8, 64, 7, 7}, {2, 16, 28, 28}})
+      for (const bool training : {true, false})
+        for (const bool residual : {false, true})
+          for (const bool poisoned : {false, true}) {
+            const int64_t c = shape[1];
+            std::vector<Input> inputs = {in(shape), in({c}, Fill::kPositive), in({c}), constant({c}),
+                                         constant({c}, Fill::kPositive)};
+            if (residual) inputs.push_back(in(shape));
+            const ops::BatchNormOptions plain{.training = training};
+            const auto fused = [&](const std::vector<Tensor>& t) {
+              ops::BatchNormOptions o = plain;
+              o.residual = residual ? t[5] : Tensor();
+              o.relu = true;
+              return ops::batch_norm(t[0], t[1], t[2], t[3], t[4], o);
+            };
+            const auto parts = [&](const std::vector<Tensor>& t) {
+              const Tensor normalized = ops::batch_norm(t[0], t[1], t[2], t[3], t[4], plain);
+              return ops::relu(residual ? ops::add(normalized, t[5]) : normalized);
+            };
+            const auto poison = poisoned ? std::function<void(std::vector<float>&)>(infinities) : nullptr;
+            const Outcome a = run_case({"fused", str(shape), inputs, fused, 0}, device, poison);
+            const Outcome b = run_case({"parts", str(shape), inputs, parts, 0}, device, poison);
+            const std::string what = device.str() + " " + str(shape) +
+                                     (training ? " training" : " evaluation") +
+                                     (residual ? " + residual" : "") + (poisoned ? ", Inf upstream" : "");
+            EXPECT_TRUE(within(a.output, b.output, kExact)) << what << ": output";
+            ASSERT_EQ(a.gradients_twice.size(), b.gradients_twice.size());
+            for (std::size_t k = 0; k < a.gradients_twice.size(); ++k)
+              EXPECT_TRUE(within(a.gradients_twice[k], b.gradients_twice[k], kExact))
+                  << what << ": gradient of input " << k << " differs by "
+                  << error_of(a.gradients_twice[k], b.gradients_twice[k]);
+            EXPECT_TRUE(within(a.constants_after[0], b.constants_after[0], kExact))
+                << what << ": running mean";
+          }
+}
+
+// Max pooling lets NaN win (torch.max_pool2d does) on every backend, inside the plane and on its
+// padded border, and sends the gradient where the reference does: the last NaN of a window in
+// row-major order, else the first maximum.
+TEST(MaxPool, NanWinsOnEveryBackend) {
+  std::vector<float> values(2 * 9 * 10);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>((i * 37) % 11) - 5.0f;
+  for (const std::size_t at : {0, 23, 25, 44, 61, 89, 90 + 45}) values[at] = NAN;
+  const auto run = [&](Device device) {
+    const Tensor x = Tensor::from_data({1, 2, 9, 10}, values).to(device);
+    x.set_requires_grad(true);
+    const Tensor y = ops::maxpool2d(x, 3, 2, 1);
+    autograd::backward(y, Tensor::full(y.shape(), 1.0f).to(device));
+    std::vector<float> gx(values.size());
+    backend_for(device).copy_to_host(gx.data(), x.grad_ptr(), gx.size() * sizeof(float));
+    return std::pair{y.to(Device::cpu()).to_vector(), gx};
+  };
+  const auto [reference_y, reference_gx] = run(Device::reference());
+  for (const Device device : devices_under_test()) {
+    const auto [y, gx] = run(device);
+    ASSERT_EQ(y.size(), reference_y.size());
+    for (std::size_t i = 0; i < y.size(); ++i)
+      EXPECT_TRUE(std::isnan(reference_y[i]) ? std::isnan(y[i]) : y[i] == reference_y[i])
+          << device.str() << ": output " << i << " is " << y[i] << ", the reference's " << reference_y[i];
+    EXPECT_EQ(gx, reference_gx) << device.str() << ": the gradient went to other positions";
+  }
 }
 
 // ReLU keeps NaN on every backend, standalone and as a convolution's epilogue (torch.relu does): a
