@@ -106,14 +106,15 @@ void pool_plane_padded(const float* plane, float* y, int32_t* win, const Pool2dG
     const bool rows_inside = top >= 0 && top + kernel <= g.height;
     float* y_row = y + i * g.out_w;
     int32_t* win_row = win ? win + i * g.out_w : nullptr;
-    if (kFixedKernel == 3 && g.stride == 2 && rows_inside && j1 > j0) {
+    const bool row_at_once = kFixedKernel == 3 && g.stride == 2 && rows_inside && j1 > j0;
+    if (row_at_once) {
       if (!win_row) row_winners.resize(static_cast<std::size_t>(g.out_w));
       pool_row_inside<3, 2>(plane, g.width, top, g.padding, j0, j1, y_row + j0,
                             (win_row ? win_row : row_winners.data()) + j0);
     }
     for (int64_t j = 0; j < g.out_w; ++j) {
       const bool columns_inside = j >= j0 && j < j1;
-      if (kFixedKernel == 3 && g.stride == 2 && rows_inside && columns_inside) continue;  // done above
+      if (row_at_once && columns_inside) continue;  // done above
       const int64_t left = j * g.stride - g.padding;
       int64_t best = -1;
       float best_value = -std::numeric_limits<float>::infinity();
