@@ -3,7 +3,8 @@
 # eager (bench/torch_gpu_bench.py) in the same call, CNN and MLP at batch 128 and 1024, median of
 # repetitions each, and the ratio; then the wall time of 5 MNIST epochs of configs/mnist.json, ours
 # and PyTorch's. Needs a build with the CUDA backend (or the GPU bundle: scripts/gpu_bundle.sh) and
-# python3 with torch.
+# python3 with torch. Both sides let cuDNN time its convolution algorithms (PyTorch's side sets
+# torch.backends.cudnn.benchmark; ours cuda.cudnn_benchmark) and neither uses TF32.
 #
 #   bench/gpu_vs_pytorch.sh [--bin DIR] [--data DIR] [--steps N] [--reps N] [--no-epochs]
 set -euo pipefail
@@ -24,6 +25,8 @@ train_bench="$bin/bench/train_bench"
 [[ -x "$train_bench" ]] || train_bench="$bin/train_bench"
 trainer="$bin/trainer"
 [[ -x "$train_bench" && -x "$trainer" ]] || { echo "gpu_vs_pytorch.sh: no train_bench / trainer under $bin" >&2; exit 1; }
+# PyTorch's side (bench/torch_gpu_bench.py) sets cudnn.benchmark and turns TF32 off: ours the same.
+ours_settings=(--set device=cuda --set cuda.cudnn_benchmark=true --set cuda.tf32=false)
 value() { sed -n 's/^RESULT //p' | python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
 
 printf '%-5s %6s %14s %14s %7s\n' model batch "ours samples/s" "torch samples/s" ratio
@@ -31,7 +34,7 @@ for model in cnn mlp; do
   config="$repo_root/configs/mnist.json"
   [[ $model == mlp ]] && config="$repo_root/configs/mnist_mlp.json"
   for batch in 128 1024; do
-    ours=$("$train_bench" --config "$config" --set device=cuda --set "data.dir=\"$data\"" --batch "$batch" \
+    ours=$("$train_bench" --config "$config" "${ours_settings[@]}" --set "data.dir=\"$data\"" --batch "$batch" \
              --warmup 50 --steps "$steps" --reps "$reps" | value samples_per_sec)
     torch=$(python3 "$repo_root/bench/torch_gpu_bench.py" --model "$model" --data "$data" --batch "$batch" \
               --steps "$steps" --reps "$reps" | value samples_per_sec)
@@ -41,7 +44,7 @@ done
 
 if ((epochs)); then
   start=$(date +%s.%N)
-  "$trainer" --config "$repo_root/configs/mnist.json" --set device=cuda --set "data.dir=\"$data\"" \
+  "$trainer" --config "$repo_root/configs/mnist.json" "${ours_settings[@]}" --set "data.dir=\"$data\"" \
     --set output_dir=\"/tmp/gpu_vs_pytorch\" --set training.progress=off | grep "^epoch"
   ours_s=$(python3 -c "import time; print(f'{time.time() - $start:.1f}')")
   torch_s=$(python3 "$repo_root/bench/torch_gpu_bench.py" --model cnn --data "$data" --epochs 5 | value seconds)

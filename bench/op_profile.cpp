@@ -1,10 +1,13 @@
-// The per-op profile: a timing decorator of the CPU backend and the tables it prints.
+// The per-op profile: a timing decorator of a backend (CPU or GPU) and the tables it prints.
 #include "bench/op_profile.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <vector>
+
+#include "core/error.h"
+#include "trainer/devices.h"
 
 namespace dptrain::bench {
 namespace {
@@ -235,6 +238,9 @@ class ProfilingBackend final : public Backend {
  private:
   template <typename Kernel>
   void timed(const std::string& kind, const std::string& shape, double flops, Kernel&& kernel) {
+    // A device's queue is drained before the clock starts and after the op, so the time is this op's
+    // alone, launch included (host backends return when their kernel has run: both are no-ops).
+    inner_.synchronize();
     const auto start = std::chrono::steady_clock::now();
     kernel();
     inner_.synchronize();
@@ -314,8 +320,13 @@ nlohmann::json OpProfile::summary(int64_t steps) const {
           {"calls_per_step", calls}};
 }
 
-void profile_cpu_kernels(OpProfile& profile) {
-  interpose_backend(Device::cpu(),
+void profile_kernels(const trainer::Config& config, const distributed::World& world, OpProfile& profile) {
+  const Device device = trainer::choose_run_device(config, world);
+  DPTRAIN_CHECK(
+      device.is_host() || world.size() == 1 || config.distributed.backend == trainer::CommBackend::kMpi,
+      "--profile-ops on GPUs: NCCL needs the CUDA backend itself; run one rank, or set "
+      "distributed.backend=\"mpi\"");
+  interpose_backend(device,
                     [&](Backend& inner) { return std::make_shared<ProfilingBackend>(inner, profile); });
 }
 

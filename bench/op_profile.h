@@ -1,6 +1,7 @@
 // A per-op time profile of training steps: a Backend decorator that times every kernel it forwards
-// (host backends run their kernels before returning, so a call's wall time is its kernel's), and the
-// tables it prints, by kind of op and by convolution shape, with the FLOP/s each achieved.
+// (a GPU's queue drained before and after each, so a call's wall time is its kernel's, launch
+// included; host backends run their kernels before returning), and the tables it prints, by kind of op and by
+// convolution shape, with the FLOP/s each achieved.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,8 @@
 #include <string>
 
 #include "core/backend.h"
+#include "distributed/world.h"
+#include "trainer/config.h"
 
 namespace dptrain::bench {
 
@@ -35,8 +38,9 @@ class OpProfile {
   std::map<std::string, OpTotals> by_conv_shape_;
 };
 
-// Replaces the CPU backend by one that records every kernel into `profile` (which must outlive the
-// program's tensors) and forwards it to the real one.
-void profile_cpu_kernels(OpProfile& profile);
+// Replaces the backend of the run's device (this rank's GPU registered first) by one that records
+// every kernel into `profile` (which must outlive the program's tensors) and forwards it to the real
+// one. Not under NCCL, which needs the CUDA backend itself: one rank, or distributed.backend "mpi".
+void profile_kernels(const trainer::Config& config, const distributed::World& world, OpProfile& profile);
 
 }  // namespace dptrain::bench

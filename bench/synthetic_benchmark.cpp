@@ -7,8 +7,9 @@
 //   build/bench/synthetic_benchmark --model resnet50 --batch-size 32
 //   mpirun -np 2 build/bench/synthetic_benchmark --model resnet18 --input-shape 3,64,64 --threads 1
 //   ... --set distributed.sync_batchnorm=true --set device=cuda   (any config key)
-//   ... --profile-ops [--gemm-gflops 145]   (CPU: where the timed steps' time goes, per op and conv
-//                                            shape, with FLOP/s and their share of a GEMM's; rank 0)
+//   ... --profile-ops [--gemm-gflops 145]   (where the timed steps' time goes, per op and conv shape,
+//                                            with FLOP/s and their share of a GEMM's; rank 0; on a
+//                                            GPU each op synchronized: slower steps, exact shares)
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
@@ -64,7 +65,8 @@ int main(int argc, char** argv) {
   bool profile_ops = false;
   double gemm_gflops = 0;
   app.add_flag("--profile-ops", profile_ops,
-               "time every CPU kernel of the timed steps and print where the time goes");
+               "time every kernel of the timed steps and print where the time goes (on a GPU the device "
+               "is synchronized around each op)");
   app.add_option("--gemm-gflops", gemm_gflops,
                  "with --profile-ops: a large GEMM's GFLOP/s on one core (bench/machine_probe gemm), to "
                  "compare each op with");
@@ -98,10 +100,7 @@ int main(int argc, char** argv) {
     }
     bench::OpProfile profile;
     if (profile_ops) {
-      DPTRAIN_CHECK(config.device == trainer::DeviceKind::kCpu,
-                    "--profile-ops times the CPU backend's kernels; "
-                    "device is not cpu (GPU kernels run asynchronously: use nsys there)");
-      bench::profile_cpu_kernels(profile);
+      bench::profile_kernels(config, world, profile);
     }
     const trainer::BenchmarkResult r = trainer::benchmark(
         config, world,

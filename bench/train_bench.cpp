@@ -4,6 +4,7 @@
 //
 //   build/bench/train_bench --config configs/mnist.json [--threads 1] [--steps 100] [--reps 5]
 //   mpirun -np 2 build/bench/train_bench --config configs/mnist.json --set distributed.compression=fp16
+//   build/bench/train_bench --config configs/mnist.json --set device=cuda --batch 1024 --profile-ops
 //
 // The last line is "RESULT {json}" for scripts (scripts/scaling.sh, bench/*.sh).
 #include <CLI/CLI.hpp>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/op_profile.h"
 #include "core/error.h"
 #include "distributed/world.h"
 #include "trainer/config.h"
@@ -34,6 +36,10 @@ int main(int argc, char** argv) {
   app.add_option("--steps", options.timed_steps, "steps per timed repetition");
   app.add_option("--reps", options.repetitions, "timed repetitions");
   app.add_option("--warmup", options.warmup_steps, "untimed steps first");
+  bool profile_ops = false;
+  app.add_flag("--profile-ops", profile_ops,
+               "time every kernel of the timed steps and print where the time goes (rank 0; on a GPU the "
+               "device is synchronized around each op)");
   CLI11_PARSE(app, argc, argv);
   distributed::World world(&argc, &argv);
 
@@ -44,6 +50,11 @@ int main(int argc, char** argv) {
     if (batch > 0) json["data"]["batch_size"] = batch;
     json["output_dir"] = "/tmp/dptrain_train_bench";  // nothing is written there but the timeline, if asked
     const trainer::Config config = trainer::parse_config(json);
+    bench::OpProfile profile;
+    if (profile_ops) {
+      bench::profile_kernels(config, world, profile);
+      options.before_timed_steps = [&] { profile.reset(); };
+    }
     const trainer::BenchmarkResult r = trainer::benchmark(config, world, options);
 
     if (world.is_root()) {
@@ -65,27 +76,29 @@ int main(int argc, char** argv) {
       std::printf("%.2f MFLOP per sample (3 x forward's multiply-adds x 2): %.1f GFLOP/s per rank\n",
                   r.training_flops_per_sample / 1e6,
                   r.training_flops_per_sample * r.samples_per_sec / world.size() / 1e9);
-      const Json result = {
-          {"bench", "train"},
-          {"config", config_path},
-          {"model", config.model.architecture.empty() ? "layers" : config.model.architecture},
-          {"ranks", world.size()},
-          {"batch", config.data.batch_size},
-          {"threads", threads},
-          {"compression", config.distributed.compression},
-          {"fusion_threshold_mb", config.distributed.fusion_threshold_mb},
-          {"overlap", config.distributed.overlap},
-          {"parameters", r.parameters},
-          {"samples_per_sec", r.samples_per_sec},
-          {"bucket_bytes", r.bucket_bytes},
-          {"backward_fraction", r.backward_fraction},
-          {"training_flops_per_sample", r.training_flops_per_sample},
-          {"step_ms",
-           {{"data", ms(t.data)},
-            {"compute", ms(t.compute)},
-            {"communication", ms(t.communication)},
-            {"optimizer", ms(t.optimizer)},
-            {"total", ms(t.total)}}}};
+      const int64_t timed_steps = options.timed_steps * options.repetitions;
+      if (profile_ops) profile.print(timed_steps, t.total * static_cast<double>(timed_steps), 0);
+      Json result = {{"bench", "train"},
+                     {"config", config_path},
+                     {"model", config.model.architecture.empty() ? "layers" : config.model.architecture},
+                     {"ranks", world.size()},
+                     {"batch", config.data.batch_size},
+                     {"threads", threads},
+                     {"compression", config.distributed.compression},
+                     {"fusion_threshold_mb", config.distributed.fusion_threshold_mb},
+                     {"overlap", config.distributed.overlap},
+                     {"parameters", r.parameters},
+                     {"samples_per_sec", r.samples_per_sec},
+                     {"bucket_bytes", r.bucket_bytes},
+                     {"backward_fraction", r.backward_fraction},
+                     {"training_flops_per_sample", r.training_flops_per_sample},
+                     {"step_ms",
+                      {{"data", ms(t.data)},
+                       {"compute", ms(t.compute)},
+                       {"communication", ms(t.communication)},
+                       {"optimizer", ms(t.optimizer)},
+                       {"total", ms(t.total)}}}};
+      if (profile_ops) result["profile"] = profile.summary(timed_steps);
       std::printf("RESULT %s\n", result.dump().c_str());
     }
   } catch (const std::exception& e) {

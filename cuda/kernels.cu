@@ -178,28 +178,46 @@ __device__ SplitRange split_of(BatchNormShape s, int splits) {
   const int64_t k = blockIdx.x, per = (s.batch + splits - 1) / splits, first = k * per;
   return {first, max(int64_t{0}, min(per, s.batch - first))};
 }
-// sum over the split's (sample, position) of value(at), `at` the element's index in [batch, C, inner].
-template <typename Value>
-__device__ double split_sum(BatchNormShape s, int64_t c, SplitRange r, Value value) {
-  double acc = 0;
+// Visits the split's elements of channel c (indices `at` into [batch, C, inner]) in a fixed order per
+// thread, j = threadIdx.x, + blockDim.x, ...: load(at) for four of them at once, so that four loads
+// are in flight (one at a time left the reductions at a fraction of the memory's bandwidth), then
+// add(value) for each in that order. The sums are those of adding one element at a time.
+template <typename Load, typename Add>
+__device__ void visit_split(BatchNormShape s, int64_t c, SplitRange r, Load load, Add add) {
+  constexpr int kInFlight = 4;
+  const auto element = [&](auto j, auto inner) {
+    return ((r.first_sample + static_cast<int64_t>(j / inner)) * s.channels + c) * s.inner +
+           static_cast<int64_t>(j % inner);
+  };
+  const auto visit = [&](auto count, auto inner) {
+    using Index = decltype(count);
+    const Index stride = blockDim.x;
+    Index j = threadIdx.x;
+    for (; j + (kInFlight - 1) * stride < count; j += kInFlight * stride) {
+      decltype(load(int64_t{0})) values[kInFlight];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) values[u] = load(element(j + u * stride, inner));
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) add(values[u]);
+    }
+    for (; j < count; j += stride) add(load(element(j, inner)));
+  };
   const int64_t count = r.samples * s.inner;
-  if (count <= int64_t{0xffffffff}) {  // 32-bit division: the common case
-    const auto inner = static_cast<uint32_t>(s.inner);
-    for (uint32_t j = threadIdx.x; j < count; j += blockDim.x)
-      acc += value(((r.first_sample + j / inner) * s.channels + c) * s.inner + j % inner);
-  } else {
-    for (int64_t j = threadIdx.x; j < count; j += blockDim.x)
-      acc += value(((r.first_sample + j / s.inner) * s.channels + c) * s.inner + j % s.inner);
-  }
-  return acc;
+  if (count <= int64_t{0x7fffffff})  // 32-bit division: the common case
+    visit(static_cast<uint32_t>(count), static_cast<uint32_t>(s.inner));
+  else
+    visit(count, s.inner);
 }
 
 __global__ void batchnorm_partial_sums_kernel(const float* __restrict__ x, double* __restrict__ partials,
                                               BatchNormShape s, int splits) {
   __shared__ double shared[kThreads];
   const int64_t c = blockIdx.y;
-  const double total = block_sum(
-      split_sum(s, c, split_of(s, splits), [&](int64_t at) { return static_cast<double>(x[at]); }), shared);
+  double acc = 0;
+  visit_split(
+      s, c, split_of(s, splits), [&](int64_t at) { return x[at]; },
+      [&](float v) { acc += static_cast<double>(v); });
+  const double total = block_sum(acc, shared);
   if (threadIdx.x == 0) partials[c * splits + blockIdx.x] = total;
 }
 
@@ -209,12 +227,14 @@ __global__ void batchnorm_partial_squares_kernel(const float* __restrict__ x, co
   __shared__ double shared[kThreads];
   const int64_t c = blockIdx.y;
   const auto mean = static_cast<float>(sums[c] / sums[s.channels]);  // the mean normalisation uses
-  const double total = block_sum(split_sum(s, c, split_of(s, splits),
-                                           [&](int64_t at) {
-                                             const float d = x[at] - mean;
-                                             return static_cast<double>(d * d);
-                                           }),
-                                 shared);
+  double acc = 0;
+  visit_split(
+      s, c, split_of(s, splits), [&](int64_t at) { return x[at]; },
+      [&](float v) {
+        const float d = v - mean;
+        acc += static_cast<double>(d * d);
+      });
+  const double total = block_sum(acc, shared);
   if (threadIdx.x == 0) partials[c * splits + blockIdx.x] = total;
 }
 
@@ -235,23 +255,28 @@ __device__ float normalized_gradient(const float* __restrict__ gy, const float* 
   return relu_y ? relu_gradient(gy[i], relu_y[i]) : gy[i];
 }
 
+// Both sums in one pass over gy and x (two passes read gy twice).
 __global__ void batchnorm_partial_backward_kernel(
     const float* __restrict__ gy, const float* __restrict__ relu_y, const float* __restrict__ x,
     const float* __restrict__ stats, double* __restrict__ partials, BatchNormShape s, int splits) {
   __shared__ double shared[kThreads];
   const int64_t c = blockIdx.y;
   const float mean = stats[c];
-  const SplitRange r = split_of(s, splits);
-  const double sum_gy = block_sum(
-      split_sum(s, c, r,
-                [&](int64_t at) { return static_cast<double>(normalized_gradient(gy, relu_y, at)); }),
-      shared);
-  const double sum_gy_xmu =
-      block_sum(split_sum(s, c, r,
-                          [&](int64_t at) {
-                            return static_cast<double>(normalized_gradient(gy, relu_y, at) * (x[at] - mean));
-                          }),
-                shared);
+  struct GradientAndInput {
+    float g, x;
+  };
+  double sum_gy = 0, sum_gy_xmu = 0;
+  visit_split(
+      s, c, split_of(s, splits),
+      [&](int64_t at) {
+        return GradientAndInput{normalized_gradient(gy, relu_y, at), x[at]};
+      },
+      [&](GradientAndInput v) {
+        sum_gy += static_cast<double>(v.g);
+        sum_gy_xmu += static_cast<double>(v.g * (v.x - mean));
+      });
+  sum_gy = block_sum(sum_gy, shared);
+  sum_gy_xmu = block_sum(sum_gy_xmu, shared);
   if (threadIdx.x == 0) {
     partials[c * splits + blockIdx.x] = sum_gy;
     partials[(s.channels + c) * splits + blockIdx.x] = sum_gy_xmu;

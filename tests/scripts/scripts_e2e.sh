@@ -15,7 +15,8 @@
 #   synthetic_benchmark  bench/synthetic_benchmark (Horovod's synthetic benchmark) on 1 and 2 ranks
 #                   with a small resnet20: Horovod's output lines and the RESULT line
 #   machine_probe   bench/machine_probe: memcpy and GEMM figures, a load that stops at SIGTERM and
-#                   reports what it streamed; train_bench's FLOPs per sample for the MNIST CNN
+#                   reports what it streamed; train_bench's FLOPs per sample for the MNIST CNN,
+#                   and its --profile-ops count of them
 source "$(dirname "$0")/../e2e_common.sh"
 need_mnist
 BUILD=$(dirname "$TRAINER")  # the trainer sits at the top of the build directory
@@ -127,6 +128,14 @@ JSON
     (cd "$SRC" && "$BUILD/bench/train_bench" --config configs/mnist.json --warmup 1 --steps 2 --reps 1) >bench.out ||
       fail "train_bench failed"
     grep -q '"training_flops_per_sample":15168000[,}]' bench.out || fail "the CNN's FLOPs per sample are not 15168000"
+    # --profile-ops counts each kernel's FLOPs: forward 2 x 2,528,000 per sample, backward twice that
+    # but for conv1 (389,376), whose input wants no gradient: 5,056,000 + 2 x 4,666,624 + 389,376 =
+    # 14,778,624 per sample, 945,831,936 per step of 64.
+    (cd "$SRC" && "$BUILD/bench/train_bench" --config configs/mnist.json --batch 64 --warmup 1 --steps 2 --reps 2 \
+       --profile-ops) >profile.out || fail "train_bench --profile-ops failed"
+    grep -q '^  all kernels ' profile.out || fail "train_bench --profile-ops: no 'all kernels' row"
+    grep -q '"flops_per_step":945831936.0[,}]' profile.out ||
+      fail "train_bench --profile-ops: expected 945831936 FLOPs per step, got $(grep -o '"flops_per_step":[0-9.e+]*' profile.out)"
     ;;
   *)
     fail "unknown case '$CASE'"
