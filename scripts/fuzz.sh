@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Fuzzes the readers of outside files (tests/fuzz: config, idx, npy, image, cifar, checkpoint) with libFuzzer under
 # AddressSanitizer and UBSan, each for a bounded time, starting from its seed corpus and its kept
-# crash inputs. Builds them first with clang in --build (-DDPTRAIN_FUZZ=ON: core/ and data/ only).
+# crash inputs. Builds them first with clang in --build: a -DDPTRAIN_FUZZ=ON build of core/, optim/,
+# data/ and distributed/ (coverage everywhere), or, where --build is a clang sanitizer build such as
+# scripts/test.sh's build-asan, the targets beside its tests (coverage in the readers only).
 #
 #   scripts/fuzz.sh [--seconds 30 | --runs N] [--targets "config idx npy image cifar checkpoint"] [--build build-fuzz]
 #
@@ -19,15 +21,22 @@ while [ $# -gt 0 ]; do
     --runs) runs=$2 ;;
     --targets) targets=$2 ;;
     --build) build=$2 ;;
-    -h | --help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "fuzz.sh: unknown option '$1' (--help lists them)" >&2; exit 2 ;;
   esac
   shift 2
 done
 command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ not found (scripts/setup.sh --with-fuzz)" >&2; exit 1; }
 
-cmake -S "$repo_root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
-  -DCMAKE_CXX_COMPILER=clang++ -DDPTRAIN_FUZZ=ON -DDPTRAIN_CUDA=OFF -DDPTRAIN_BUILD_TESTS=OFF >/dev/null
+if grep -q '^DPTRAIN_SANITIZE:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null; then
+  # A sanitizer build (scripts/test.sh's build-asan) has the fuzz targets beside its tests when clang
+  # compiled it.
+  grep -q '^CMAKE_CXX_COMPILER:[A-Z]*=.*clang++' "$build/CMakeCache.txt" ||
+    { echo "fuzz.sh: $build is a sanitizer build compiled by GCC; fuzz targets need clang (-DCMAKE_CXX_COMPILER=clang++)" >&2; exit 1; }
+else
+  cmake -S "$repo_root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
+    -DCMAKE_CXX_COMPILER=clang++ -DDPTRAIN_FUZZ=ON -DDPTRAIN_CUDA=OFF -DDPTRAIN_BUILD_TESTS=OFF >/dev/null
+fi
 # shellcheck disable=SC2086  # word splitting of the target list is wanted
 cmake --build "$build" -j "${DPTRAIN_JOBS:-2}" --target $(printf 'fuzz_%s ' $targets)
 

@@ -355,14 +355,17 @@ std::vector<Case> cases() {
     out.push_back({"conv2d_relu_maxpool", v.describe(), v.inputs(),
                    [v](const std::vector<Tensor>& t) { return v.fused(t); }, kGemm});
   // maxpool2d: windows that tile, overlap (stride < kernel) and leave a remainder; ties
+  // Structured bindings are captured by init-capture (`x = x`): clang 14, which compiles the
+  // sanitizer build, predates capturing them by name.
   for (const auto& [shape, kernel, stride] : std::vector<std::tuple<Shape, int, int>>{
            {{1, 1, 13, 13}, 2, 2}, {{2, 3, 7, 13}, 3, 2}, {{2, 2, 9, 9}, 2, 1}, {{4, 32, 26, 26}, 2, 2}}) {
-    out.push_back(
-        {"maxpool2d",
-         str(shape) + ", kernel " + std::to_string(kernel) + ", stride " + std::to_string(stride),
-         {in(shape, Fill::kDistinct)},
-         [kernel, stride](const std::vector<Tensor>& t) { return ops::maxpool2d(t[0], kernel, stride); },
-         kExact});
+    out.push_back({"maxpool2d",
+                   str(shape) + ", kernel " + std::to_string(kernel) + ", stride " + std::to_string(stride),
+                   {in(shape, Fill::kDistinct)},
+                   [kernel = kernel, stride = stride](const std::vector<Tensor>& t) {
+                     return ops::maxpool2d(t[0], kernel, stride);
+                   },
+                   kExact});
   }
   out.push_back({"maxpool2d",
                  "[2, 3, 9, 9], kernel 3, stride 2, ties",
@@ -394,7 +397,7 @@ std::vector<Case> cases() {
         {"batch_norm",
          str(shape) + (training ? ", training" : ", evaluation"),
          {in(shape), in({c}, Fill::kPositive), in({c}), constant({c}), constant({c}, Fill::kPositive)},
-         [training](const std::vector<Tensor>& t) {
+         [training = training](const std::vector<Tensor>& t) {
            return ops::batch_norm(t[0], t[1], t[2], t[3], t[4], {.training = training});
          },
          kGemm});
@@ -410,7 +413,7 @@ std::vector<Case> cases() {
       out.push_back(
           {"batch_norm_relu",
            str(shape) + (residual ? " + residual" : "") + (training ? ", training" : ", evaluation"), inputs,
-           [training, residual](const std::vector<Tensor>& t) {
+           [training = training, residual = residual](const std::vector<Tensor>& t) {
              return ops::batch_norm(
                  t[0], t[1], t[2], t[3], t[4],
                  {.training = training, .residual = residual ? t[5] : Tensor(), .relu = true});
@@ -437,7 +440,7 @@ std::vector<Case> cases() {
       out.push_back({name,
                      str(shape),
                      {in(shape)},
-                     [f](const std::vector<Tensor>& t) { return ops::activation(t[0], f); },
+                     [f = f](const std::vector<Tensor>& t) { return ops::activation(t[0], f); },
                      tolerance});
   out.push_back({"reshape",
                  "[7, 13, 3] -> [21, 13]",
@@ -456,7 +459,7 @@ std::vector<Case> cases() {
     out.push_back({"dropout",
                    str(shape) + ", p " + std::to_string(p).substr(0, 3),
                    {in(shape)},
-                   [p](const std::vector<Tensor>& t) {
+                   [p = p](const std::vector<Tensor>& t) {
                      Rng rng(1234);  // the same stream on every backend and pass
                      return ops::dropout(t[0], p, rng);
                    },
