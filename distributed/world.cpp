@@ -23,6 +23,11 @@ void check_mpi(int code, const char* call, const char* file, int line) {
 }
 
 World::World(int* argc, char*** argv) {
+  // The communication thread shares its rank's core with the compute thread (on CPUs a rank is one
+  // core), and inside a collective Open MPI polls for the peer's data: without yielding, a wait took
+  // half the core from the backward pass it was meant to overlap. The user's setting (environment,
+  // mpirun -mca) wins; other MPI libraries ignore the variable.
+  ::setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
   int provided = 0;
   // SERIALIZED: the main thread and the communication thread call MPI, never at the same time.
   DPTRAIN_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));

@@ -65,6 +65,38 @@ TEST(World, OneHostHoldsEveryRankWhenAllRunHere) {
   EXPECT_EQ(test::world().local_rank(), test::rank());
 }
 
+// The communication thread shares a core with the compute thread: Open MPI must yield while it waits
+// for a peer instead of polling (distributed/world.cpp), as its own control variable, read back
+// through the MPI tool interface, says. distributed_np1 is the case that shows it: mpirun sets it
+// by itself where ranks outnumber cores (--oversubscribe), a singleton only through World.
+TEST(World, OpenMpiYieldsWhileWaiting) {
+  int provided = 0;
+  ASSERT_EQ(MPI_T_init_thread(MPI_THREAD_SINGLE, &provided), MPI_SUCCESS);
+  int index = -1;
+  ASSERT_EQ(MPI_T_cvar_get_index("mpi_yield_when_idle", &index), MPI_SUCCESS)
+      << "Open MPI's control variable mpi_yield_when_idle";
+  char name[256], description[1024];
+  int name_length = sizeof name, description_length = sizeof description, verbosity = 0, binding = 0,
+      scope = 0;
+  MPI_Datatype type;
+  MPI_T_enum enumtype;
+  ASSERT_EQ(MPI_T_cvar_get_info(index, name, &name_length, &verbosity, &type, &enumtype, description,
+                                &description_length, &binding, &scope),
+            MPI_SUCCESS);
+  int type_size = 0;
+  ASSERT_EQ(MPI_Type_size(type, &type_size), MPI_SUCCESS);
+  ASSERT_TRUE(type_size >= 1 && type_size <= 8) << type_size;  // an int or a bool
+  MPI_T_cvar_handle handle;
+  int count = 0;
+  ASSERT_EQ(MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count), MPI_SUCCESS);
+  ASSERT_EQ(count, 1);
+  uint64_t yield_when_idle = 0;  // little-endian: a narrower value lands in the low bytes
+  EXPECT_EQ(MPI_T_cvar_read(handle, &yield_when_idle), MPI_SUCCESS);
+  EXPECT_EQ(yield_when_idle, 1u);
+  MPI_T_cvar_handle_free(&handle);
+  MPI_T_finalize();
+}
+
 TEST(Communicator, AllreduceFloatSumAndAverage) {
   MpiCommunicator comm(test::world());
   check_allreduce_ramp<float>(comm);
