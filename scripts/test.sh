@@ -7,7 +7,7 @@
 # of the sanitizer build (of a build of their own under --no-sanitize). After each ctest,
 # scripts/check_skips.sh fails the run on any skip that tests/expected_skips.txt does not allow on
 # this machine. Ends with the time of each stage.
-#   scripts/test.sh [--no-sanitize] [--no-fuzz] [--with-torch]   DPTRAIN_JOBS=N: build parallelism (2)
+#   scripts/test.sh [--no-sanitize] [--no-fuzz] [--with-torch]   DPTRAIN_JOBS=N: build jobs (2), ctest slots N+1
 # --with-torch installs PyTorch (python3-torch, torchvision) so that the interop tests run too.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -55,7 +55,9 @@ run_ctest() {
   # Passed tests' output in full in the JUnit file: skips inside one ctest entry (GoogleTest's
   # "[  SKIPPED ]" under mpirun) are read from there.
   # (--output-junit takes a path relative to the test directory.)
-  ctest --test-dir "$dir" --output-on-failure -j "$jobs" --output-junit ctest-junit.xml \
+  # One slot more than jobs: an end-to-end case takes two (tests/CMakeLists.txt) and leaves the cores
+  # half idle, so a single-process test runs beside it; two cases never run side by side.
+  ctest --test-dir "$dir" --output-on-failure -j "$((jobs + 1))" --output-junit ctest-junit.xml \
     --test-output-size-passed 1048576 "$@"
 }
 
