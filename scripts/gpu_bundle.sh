@@ -32,9 +32,11 @@ fi
 echo "== building $build (portable x86-64, CUDA backend, no sanitizers) =="
 # DT_RPATH rather than RUNPATH: it serves the libraries' own dependencies too (libmpi's libopen-pal).
 scripts/build.sh "$build" -DDPTRAIN_NATIVE=OFF -DDPTRAIN_CUDA=ON '-DCMAKE_BUILD_RPATH=$ORIGIN/../lib;$ORIGIN/../cuda-lib' \
-  -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags
+  -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags -DCMAKE_MODULE_LINKER_FLAGS=-Wl,--disable-new-dtags
 programs=("$build/trainer" "$build/bench/train_bench" "$build/bench/synthetic_benchmark"
           "$build/tests/core/backend_conformance" "$build/tests/cuda/cuda_tests" "$build/tests/e2e_check")
+# The libraries the CUDA backend's module loads besides CUDA's are collected with the programs'.
+loaded=("${programs[@]}" "$build/lib/libdptrain_cuda.so")
 
 rm -rf "$out"
 mkdir -p "$out/bin/tests" "$out/lib" "$out/configs" "$out/data/mnist" "$out/openmpi/bin" "$out/tests/trainer" \
@@ -64,7 +66,7 @@ cp -r /usr/share/openmpi "$out/openmpi/share" 2>/dev/null || true
 # machine's own programs, PyTorch among them), and CUDA's (its wheels' match its driver).
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libstdc\+\+|libgcc_s|libz\.so|libuuid|libudev|libcuda\.so|libcudart|libcublas|libcudnn|libnccl)'
 {
-  for f in "${programs[@]}" "$out/openmpi/bin/mpirun" "$out/openmpi/bin/orted" "$out"/openmpi/plugins/*.so \
+  for f in "${loaded[@]}" "$out/openmpi/bin/mpirun" "$out/openmpi/bin/orted" "$out"/openmpi/plugins/*.so \
            ${pmix_plugins:+"$out"/openmpi/pmix-plugins/*.so}; do
     ldd "$f" 2>/dev/null | awk '$3 ~ /^\// { print $1, $3 }'
   done
@@ -77,6 +79,9 @@ chmod u+w "$out"/lib/* "$out"/openmpi/bin/* "$out"/openmpi/plugins/*.so
 patchelf --set-rpath '$ORIGIN' "$out"/lib/*
 patchelf --set-rpath '$ORIGIN/../../lib' "$out"/openmpi/bin/* "$out"/openmpi/plugins/*.so \
   ${pmix_plugins:+"$out"/openmpi/pmix-plugins/*.so}
+# The CUDA backend, which the programs open from their rpath's lib/ for a GPU run, keeps the rpath
+# it was built with: its own folder and cuda-lib/.
+cp "$build/lib/libdptrain_cuda.so" "$out/lib/"
 
 cat >"$out/env.sh" <<'ENV'
 # Sourced on the GPU machine (scripts/gpu_check.sh does): the bundle's programs and Open MPI on the

@@ -126,13 +126,13 @@ link_nvidia_libraries() {
   done
   echo "NVIDIA libraries from: ${dirs:-(no nvidia wheels found)}"
   local missing
-  missing=$(for f in "$bundle"/bin/* "$bundle"/bin/tests/*; do
+  missing=$(for f in "$bundle"/bin/* "$bundle"/bin/tests/* "$bundle"/lib/libdptrain_cuda.so; do
               # Through a link's target: ldd takes $ORIGIN from the path it is given, exec from the file.
               [[ -f $f && -x $f ]] && ldd "$(readlink -f "$f")" 2>/dev/null |
                 awk -v f="$(basename "$f")" '/not found/ { print f ": " $1 }'
             done | sort -u)
   for lib in libcudart.so libcublas.so libcudnn.so libnccl.so; do
-    ldd "$bundle/bin/trainer" | grep -m1 "$lib" | sed 's/^\s*/  /'
+    ldd "$bundle/lib/libdptrain_cuda.so" | grep -m1 "$lib" | sed 's/^\s*/  /'
   done
   if [[ -n "$missing" ]]; then
     echo "$missing"

@@ -16,15 +16,15 @@
 namespace dptrain {
 namespace {
 
-Tensor random_tensor(const Shape& shape, uint64_t seed, bool requires_grad, float scale = 0.5f) {
+Tensor uniform_tensor(const Shape& shape, uint64_t seed, bool requires_grad, float scale = 0.5f) {
   return Tensor::from_data(shape, test_util::uniform_values(shape_numel(shape), seed, -scale, scale),
                            requires_grad);
 }
 
 struct SmallCnn {
-  Tensor w1 = random_tensor({4, 1, 3, 3}, 1, true), b1 = random_tensor({4}, 2, true);
-  Tensor w2 = random_tensor({6, 4, 3, 3}, 3, true), b2 = random_tensor({6}, 4, true);
-  Tensor w3 = random_tensor({3, 24}, 5, true), b3 = random_tensor({3}, 6, true);
+  Tensor w1 = uniform_tensor({4, 1, 3, 3}, 1, true), b1 = uniform_tensor({4}, 2, true);
+  Tensor w2 = uniform_tensor({6, 4, 3, 3}, 3, true), b2 = uniform_tensor({6}, 4, true);
+  Tensor w3 = uniform_tensor({3, 24}, 5, true), b3 = uniform_tensor({3}, 6, true);
   Rng dropout_rng{11};
 
   std::vector<Tensor> params() const { return {w1, b1, w2, b2, w3, b3}; }
@@ -54,7 +54,7 @@ struct SmallCnn {
 TEST(Storage, SteadyStateStepAllocatesNothingFresh) {
   autograd::clear_tape();
   release_cached_storage();
-  const Tensor x = random_tensor({4, 1, 10, 10}, 7, false, 1.0f);
+  const Tensor x = uniform_tensor({4, 1, 10, 10}, 7, false, 1.0f);
   const std::vector<int32_t> labels{0, 2, 1, 2};
   SmallCnn model;
   for (const Tensor& p : model.params()) p.grad_data();
@@ -79,7 +79,7 @@ TEST(Storage, SteadyStateStepAllocatesNothingFresh) {
 TEST(Storage, LazyGradientsSettleAfterTheSecondStep) {
   autograd::clear_tape();
   release_cached_storage();
-  const Tensor x = random_tensor({4, 1, 10, 10}, 7, false, 1.0f);
+  const Tensor x = uniform_tensor({4, 1, 10, 10}, 7, false, 1.0f);
   const std::vector<int32_t> labels{0, 2, 1, 2};
   SmallCnn model;
   model.step(x, labels, 0.1f);

@@ -23,7 +23,7 @@ namespace dptrain::distributed {
 namespace {
 
 // Tensor sizes with padding between them in the flat layout (not multiples of 16).
-const std::vector<int64_t> kSizes = {37, 1, 300, 16, 5};
+const std::vector<int64_t> kTensorSizes = {37, 1, 300, 16, 5};
 
 // micro[i][t]: micro-batch i's gradient of tensor t, the same on every rank. Magnitudes span 2^-40
 // to 2^40 within a tensor and signs mix, so that float sums depend on their order.
@@ -32,7 +32,7 @@ Gradients make_gradients(int64_t micro_batches, uint64_t seed) {
   Rng rng(seed);
   Gradients g(static_cast<std::size_t>(micro_batches));
   for (auto& micro : g)
-    for (int64_t n : kSizes) {
+    for (int64_t n : kTensorSizes) {
       std::vector<float> values(static_cast<std::size_t>(n));
       for (float& v : values) {
         const double mantissa = rng.uniform() * 2 - 1;
@@ -46,21 +46,21 @@ Gradients make_gradients(int64_t micro_batches, uint64_t seed) {
 // Sums micro-batches [begin, end) of `g` on this rank through ExactGradientSum over `comm`.
 std::vector<std::vector<float>> exact_sum(Communicator& comm, const Gradients& g, int64_t begin, int64_t end,
                                           bool reversed = false) {
-  FlatParameters flat(test_util::zero_parameters(kSizes), Device::cpu());
+  FlatParameters flat(test_util::zero_parameters(kTensorSizes), Device::cpu());
   ExactGradientSum sum(comm, flat);
   sum.begin(7, static_cast<int64_t>(g.size()), end - begin);
   for (int64_t k = 0; k < end - begin; ++k) {
     const int64_t i = reversed ? end - 1 - k : begin + k;
     flat.zero_grad();
-    for (std::size_t t = 0; t < kSizes.size(); ++t)
+    for (std::size_t t = 0; t < kTensorSizes.size(); ++t)
       std::copy(g[i][t].begin(), g[i][t].end(), flat.grads().data_ptr() + flat.offset(t));
     sum.add_micro_batch();
   }
   sum.finish();
   std::vector<std::vector<float>> out;
-  for (std::size_t t = 0; t < kSizes.size(); ++t) {
+  for (std::size_t t = 0; t < kTensorSizes.size(); ++t) {
     const float* at = flat.grads().data_ptr() + flat.offset(t);
-    out.emplace_back(at, at + kSizes[t]);
+    out.emplace_back(at, at + kTensorSizes[t]);
   }
   return out;
 }
@@ -79,7 +79,7 @@ TEST(ExactGradientSum, SameBitsForAnySplitIntoRanksAndAnyOrder) {
     MpiCommunicator comm(test::world());
     const auto [begin, end] = share(micro_batches);
     const auto shared = exact_sum(comm, g, begin, end);
-    for (std::size_t t = 0; t < kSizes.size(); ++t) {
+    for (std::size_t t = 0; t < kTensorSizes.size(); ++t) {
       EXPECT_TRUE(test::bitwise_equal(alone[t], alone_reversed[t]))
           << "order, M " << micro_batches << " p" << t;
       EXPECT_TRUE(test::bitwise_equal(alone[t], shared[t]))
@@ -95,14 +95,14 @@ TEST(ExactGradientSum, WithinTheStatedBoundOfTheExactSum) {
   MpiCommunicator comm(test::world());
   const auto [begin, end] = share(m);
   const auto result = exact_sum(comm, g, begin, end);
-  for (std::size_t t = 0; t < kSizes.size(); ++t) {
+  for (std::size_t t = 0; t < kTensorSizes.size(); ++t) {
     float largest = 0;
     for (const auto& micro : g)
       for (float v : micro[t]) largest = std::max(largest, std::fabs(v));
     int e = 0;
     std::frexp(largest, &e);
     const long double fixed_point_error = m * std::ldexp(1.0L, e - 52 + 4);
-    for (int64_t k = 0; k < kSizes[t]; ++k) {
+    for (int64_t k = 0; k < kTensorSizes[t]; ++k) {
       // The reference's own error, about M x 2^(e - 64), is 2^-12 of the fixed point's bound.
       long double exact = 0;
       for (const auto& micro : g) exact += micro[t][k];

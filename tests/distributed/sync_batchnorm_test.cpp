@@ -40,7 +40,7 @@
 namespace dptrain::distributed {
 namespace {
 
-constexpr int64_t kGlobalBatch = 32, kSteps = 4;
+constexpr int64_t kBatchAcrossRanks = 32, kSteps = 4;
 constexpr Device kDevice = Device::reference();
 const Shape kSample = {2, 8, 8};
 
@@ -61,8 +61,8 @@ std::unique_ptr<layers::Sequential> train(MpiCommunicator& comm, int64_t first, 
   const int64_t sample = shape_numel(kSample);
   for (int64_t step = 0; step < kSteps; ++step) {
     Rng rng(100 + step);  // the same global batch on every rank
-    std::vector<float> inputs(kGlobalBatch * sample);
-    std::vector<int32_t> labels(kGlobalBatch);
+    std::vector<float> inputs(kBatchAcrossRanks * sample);
+    std::vector<int32_t> labels(kBatchAcrossRanks);
     for (float& v : inputs) v = rng.uniform(-1.0f, 2.0f);
     for (int32_t& l : labels) l = static_cast<int32_t>(rng.below(5));
     Shape shape = {count};
@@ -114,8 +114,8 @@ Difference worst_difference(const layers::Module& a, const layers::Module& b) {
 
 TEST(SyncBatchNorm, RanksWithSlicesTrainAsOneRankWithTheWholeBatch) {
   MpiCommunicator comm(test::world());
-  const int64_t per_rank = kGlobalBatch / comm.size();
-  const auto whole = train(comm, 0, kGlobalBatch, /*replicated=*/false, nullptr);
+  const int64_t per_rank = kBatchAcrossRanks / comm.size();
+  const auto whole = train(comm, 0, kBatchAcrossRanks, /*replicated=*/false, nullptr);
   CommunicatorSum sum(comm);
   const auto synced = train(comm, comm.rank() * per_rank, per_rank, /*replicated=*/true, &sum);
   const auto [worst, where] = worst_difference(*synced, *whole);
@@ -123,7 +123,7 @@ TEST(SyncBatchNorm, RanksWithSlicesTrainAsOneRankWithTheWholeBatch) {
     std::printf(
         "  SyncBN, %d rank(s) x batch %lld vs 1 rank x batch %lld, %lld steps of resnet20: max |diff| / "
         "max |w| = %.2e (%s)\n",
-        comm.size(), static_cast<long long>(per_rank), static_cast<long long>(kGlobalBatch),
+        comm.size(), static_cast<long long>(per_rank), static_cast<long long>(kBatchAcrossRanks),
         static_cast<long long>(kSteps), worst, where.c_str());
   EXPECT_LE(worst, 1e-5) << where;
 

@@ -30,14 +30,14 @@ std::string slurp(const std::string& path) {
   return s.str();
 }
 
-// Runs `trainer <args>` (args are shell words) in the source directory.
-RunResult run_trainer(const std::string& args) {
+// Runs `<env> trainer <args>` (shell words; env: VAR=value assignments) in the source directory.
+RunResult run_trainer(const std::string& args, const std::string& env = "") {
   const std::filesystem::path dir = dptrain::test_util::make_temp_dir("cli");
   const std::string out = (dir / "stdout").string(), err = (dir / "stderr").string();
   // In a sanitizer build, LeakSanitizer would report Open MPI's allocations that are still live at
   // exit (none of them ours) and turn the exit status into 1; the child runs without leak detection.
-  const std::string command = std::string("cd '") + DPTRAIN_SOURCE_DIR +
-                              "' && ASAN_OPTIONS=\"${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0\" '" +
+  const std::string command = std::string("cd '") + DPTRAIN_SOURCE_DIR + "' && " + env +
+                              " ASAN_OPTIONS=\"${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0\" '" +
                               DPTRAIN_TRAINER_PATH + "' " + args + " >'" + out + "' 2>'" + err +
                               "' </dev/null";
   const int status = std::system(command.c_str());
@@ -50,9 +50,10 @@ RunResult run_trainer(const std::string& args) {
 }
 
 // Non-zero exit, exactly one stderr line "dptrain: error ..." containing every fragment.
-void expect_one_line_error(const std::string& args, std::initializer_list<std::string> fragments) {
-  SCOPED_TRACE("trainer " + args);
-  const RunResult r = run_trainer(args);
+void expect_one_line_error(const std::string& args, std::initializer_list<std::string> fragments,
+                           const std::string& env = "") {
+  SCOPED_TRACE(env + " trainer " + args);
+  const RunResult r = run_trainer(args, env);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "stderr:\n" << r.err;
   EXPECT_TRUE(!r.err.empty() && r.err.back() == '\n') << "stderr:\n" << r.err;
@@ -234,3 +235,24 @@ TEST_F(TrainerCliData, DeviceCudaWithoutAGpuIsOneClearLine) {
   if (probe.exit_code == 0) GTEST_SKIP() << "a GPU is usable here: the run trained on it";
   expect_one_line_error(args() + " --set device=cuda", {"device \"cuda\"", "set device to \"cpu\""});
 }
+
+#if defined(DPTRAIN_WITH_CUDA)
+// The CUDA backend is a module the trainer opens only for a GPU run. One that cannot be opened (here
+// an empty file, found first through LD_LIBRARY_PATH: the build's rpath is a RUNPATH) is one line for
+// device "cuda", and a CPU machine for "auto"; a CPU run never opens it.
+TEST_F(TrainerCliData, CudaModuleThatCannotBeOpenedFailsCudaAndLeavesAutoOnTheCpu) {
+  const std::filesystem::path broken = dir_ / "broken_module";
+  std::filesystem::create_directories(broken);
+  std::ofstream(broken / "libdptrain_cuda.so").close();
+  const std::string env = "LD_LIBRARY_PATH='" + broken.string() + "'";
+  expect_one_line_error(args() + " --set device=cuda",
+                        {"cannot load the CUDA backend libdptrain_cuda.so", "set device to \"cpu\""}, env);
+  const RunResult on_auto = run_trainer(args() + " --set device=auto", env);
+  EXPECT_EQ(on_auto.exit_code, 0) << on_auto.err;
+  // glibc's loader names every file it opens: the module is not among them.
+  const RunResult on_cpu = run_trainer(args() + " --set device=cpu", env + " LD_DEBUG=files");
+  EXPECT_EQ(on_cpu.exit_code, 0) << on_cpu.err;
+  EXPECT_NE(on_cpu.err.find("file=libmpi.so"), std::string::npos) << on_cpu.err;
+  EXPECT_EQ(on_cpu.err.find("libdptrain_cuda"), std::string::npos) << on_cpu.err;
+}
+#endif
