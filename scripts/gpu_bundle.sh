@@ -42,6 +42,14 @@ rm -rf "$out"
 mkdir -p "$out/bin/tests" "$out/lib" "$out/configs" "$out/data/mnist" "$out/openmpi/bin" "$out/tests/trainer" \
   "$out/bench" "$out/scripts"
 cp "${programs[@]}" "$out/bin/"
+# The programs look for the CUDA backend's module in the build's lib/ first (trainer/CMakeLists.txt):
+# that entry goes, so that the bundle's lib/ serves, whatever path the other machine has.
+for program in "${programs[@]}"; do
+  f="$out/bin/$(basename "$program")"
+  chmod u+w "$f"
+  rpath=$(patchelf --print-rpath "$f")
+  patchelf --force-rpath --set-rpath "$(tr ':' '\n' <<<"$rpath" | grep -vxF "$build/lib" | paste -sd:)" "$f"
+done
 # The layout the end-to-end scripts expect of a build and a source tree: <bin>/tests/e2e_check,
 # <source>/configs, <source>/data/mnist. A link, so that $ORIGIN stays bin/.
 ln -s ../e2e_check "$out/bin/tests/e2e_check"
