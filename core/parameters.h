@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -20,13 +21,19 @@ struct FlatRange {
   bool operator==(const FlatRange&) const = default;
 };
 
+// Memory of `bytes` bytes for a flat buffer (a communicator's, say: distributed/communicator.h).
+using BufferAllocator = std::function<StoragePtr(std::size_t bytes)>;
+
 class FlatParameters {
  public:
   // Moves `parameters` (values kept, gradients so far dropped) into flat buffers on `device`: the
   // tensors themselves now view their place there, so every holder of them (the layers) sees it.
   // Laid out in reverse order, the order backward produces gradients in, each parameter starting on
-  // a 64-byte boundary (16 floats); the padding between them is zero and stays zero.
-  FlatParameters(std::vector<NamedTensor> parameters, Device device);
+  // a 64-byte boundary (16 floats); the padding between them is zero and stays zero. The gradient
+  // buffer comes from `allocate_gradients` when given (memory on `device` that the gradients' reduction
+  // works in best), else from `device`'s backend.
+  FlatParameters(std::vector<NamedTensor> parameters, Device device,
+                 const BufferAllocator& allocate_gradients = {});
   FlatParameters(const FlatParameters&) = delete;
   FlatParameters& operator=(const FlatParameters&) = delete;
 

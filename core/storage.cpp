@@ -78,6 +78,9 @@ Storage::Storage(std::shared_ptr<Storage> parent, std::size_t offset, std::size_
                 ") runs past the end of its parent (", parent_->bytes(), " bytes)");
 }
 
+Storage::Storage(void* data, std::size_t bytes, Device device, std::shared_ptr<const void> owner)
+    : data_(data), bytes_(bytes), device_(device), owner_(std::move(owner)) {}
+
 Storage::~Storage() {
   if (backend_) backend_->release(data_, bytes_);
 }

@@ -1,5 +1,6 @@
-// Storage: a buffer on a device, allocated and released through that device's backend, or a window
-// into another storage (a parameter inside a flat buffer, a gradient inside a bucket). Host memory
+// Storage: a buffer on a device, allocated and released through that device's backend, a window
+// into another storage (a parameter inside a flat buffer, a gradient inside a bucket), or memory that
+// something else owns (a shared-memory segment). Host memory
 // (the "cpu" and "reference" devices) comes from a size-keyed cache of 64-byte aligned blocks, so a
 // steady-state training step (same shapes every step) never touches malloc.
 #pragma once
@@ -19,6 +20,8 @@ class Storage {
   explicit Storage(std::size_t bytes, Device device = Device::cpu());
   // A window of `bytes` bytes at `offset` into `parent`, which it keeps alive; owns no memory.
   Storage(std::shared_ptr<Storage> parent, std::size_t offset, std::size_t bytes);
+  // `bytes` bytes at `data` on `device`, which `owner` keeps valid for as long as this storage lives.
+  Storage(void* data, std::size_t bytes, Device device, std::shared_ptr<const void> owner);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -36,8 +39,9 @@ class Storage {
   void* data_ = nullptr;
   std::size_t bytes_;
   Device device_;
-  Backend* backend_ = nullptr;       // releases data_ (owning storages only)
-  std::shared_ptr<Storage> parent_;  // set for windows
+  Backend* backend_ = nullptr;         // releases data_ (owning storages only)
+  std::shared_ptr<Storage> parent_;    // set for windows
+  std::shared_ptr<const void> owner_;  // set for memory owned elsewhere
 };
 
 using StoragePtr = std::shared_ptr<Storage>;

@@ -14,6 +14,7 @@
 
 #include "core/device.h"
 #include "core/half.h"
+#include "core/storage.h"
 
 namespace dptrain::distributed {
 
@@ -85,6 +86,15 @@ class Communicator {
   virtual int size() const = 0;
   // Whether collectives may read and write buffers in `device`'s memory.
   virtual bool accepts(Device device) const = 0;
+  // `bytes` of `device` memory for a buffer that will be reduced again and again (the gradients):
+  // memory this communicator reduces best in. The MPI communicator of ranks that share one host puts
+  // it in shared memory and reduces it there without copies (distributed/shared_memory_reduce.h).
+  // Collective: every rank calls it, in the same order, with the same size.
+  virtual StoragePtr allocate_reduction_buffer(std::size_t bytes, Device device) {
+    return make_storage(bytes, device);
+  }
+  // Whether collectives on `data` (from allocate_reduction_buffer) run in shared memory.
+  virtual bool reduces_in_shared_memory(const void* /*data*/) const { return false; }
 
   // Asynchronous, in place. `what` names the collective in errors and stall warnings;
   // `timeline_name`, if given, is its span on the timeline.

@@ -1,6 +1,7 @@
 // MPI collectives, the communication thread and the stall watchdog.
 #include "distributed/mpi_communicator.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -16,6 +17,7 @@
 #include "core/error.h"
 #include "core/timeline.h"
 #include "distributed/mpi_check.h"
+#include "distributed/shared_memory_reduce.h"
 
 namespace dptrain::distributed {
 namespace {
@@ -267,8 +269,8 @@ struct CommWorker {
   }
 };
 
-MpiCommunicator::MpiCommunicator(const World& world, StallPolicy stall)
-    : rank_(world.rank()), size_(world.size()) {
+MpiCommunicator::MpiCommunicator(const World& world, StallPolicy stall, bool shared_memory)
+    : rank_(world.rank()), size_(world.size()), shared_memory_(shared_memory && world.hosts() == 1) {
   if (size_ > 1) watchdog_ = std::make_shared<StallWatchdog>(stall, rank_);
 }
 
@@ -290,9 +292,46 @@ MpiCommunicator::~MpiCommunicator() {
   }
 }
 
+StoragePtr MpiCommunicator::allocate_reduction_buffer(std::size_t bytes, Device device) {
+  if (size_ == 1 || !shared_memory_ || !device.is_host() || bytes == 0) return make_storage(bytes, device);
+  drain();  // the communication thread reads segments_
+  std::string why_not;
+  std::shared_ptr<SharedMemorySegment> segment = SharedMemorySegment::create(bytes, rank_, size_, &why_not);
+  if (!segment) {
+    if (rank_ == 0)
+      std::fprintf(stderr, "dptrain: note: gradients are reduced through MPI, not in shared memory: %s\n",
+                   why_not.c_str());
+    return make_storage(bytes, device);
+  }
+  segments_.push_back(segment);
+  return std::make_shared<Storage>(segment->mine(), bytes, device, segment);
+}
+
+bool MpiCommunicator::reduces_in_shared_memory(const void* data) const {
+  return std::ranges::any_of(segments_, [&](const auto& segment) { return segment->contains(data, 1); });
+}
+
+uint64_t MpiCommunicator::shared_memory_collectives() const {
+  uint64_t total = 0;
+  for (const auto& segment : segments_) total += segment->collectives();
+  return total;
+}
+
+std::shared_ptr<SharedMemorySegment> MpiCommunicator::segment_for(const void* data, std::size_t count,
+                                                                  DataType type, ReduceOp op) const {
+  if (!SharedMemorySegment::supports(type, op)) return nullptr;
+  for (const auto& segment : segments_)
+    if (segment->contains(data, count * element_size(type))) return segment;
+  return nullptr;
+}
+
 Pending MpiCommunicator::start_allreduce_elements(void* data, std::size_t count, DataType type, ReduceOp op,
                                                   std::string what, std::string timeline_name) {
   if (size_ == 1 || count == 0) return {};
+  if (auto segment = segment_for(data, count, type, op))
+    return enqueue(what, std::move(timeline_name), [segment, data, count, type, op, what] {
+      segment->allreduce(data, count, type, op, what);
+    });
   return enqueue(std::move(what), std::move(timeline_name), [data, count, type, op, size = size_] {
     allreduce_now(data, count, type, op, MPI_COMM_WORLD, size);
   });
@@ -302,6 +341,10 @@ Pending MpiCommunicator::start_reduce_scatter_elements(void* data, std::size_t c
                                                        ReduceOp op, std::string what,
                                                        std::string timeline_name) {
   if (size_ == 1 || chunk == 0) return {};
+  if (auto segment = segment_for(data, chunk * static_cast<std::size_t>(size_), type, op))
+    return enqueue(what, std::move(timeline_name), [segment, data, chunk, type, op, what] {
+      segment->reduce_scatter(data, chunk, type, op, what);
+    });
   return enqueue(std::move(what), std::move(timeline_name),
                  [data, chunk, type, op, rank = rank_, size = size_] {
                    reduce_scatter_now(data, chunk, type, op, MPI_COMM_WORLD, rank, size);
@@ -358,6 +401,8 @@ void MpiCommunicator::allreduce_elements(void* data, std::size_t count, DataType
   if (size_ == 1 || count == 0) return;
   drain();
   Watch watch(watchdog_.get(), 0, what);
+  if (auto segment = segment_for(data, count, type, op))
+    return segment->allreduce(data, count, type, op, what);
   allreduce_now(data, count, type, op, MPI_COMM_WORLD, size_);
 }
 

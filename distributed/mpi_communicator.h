@@ -4,7 +4,8 @@
 // communication thread instead: start_allreduce queues a collective that runs there, in submission
 // order, while the caller computes (Horovod's design). A watchdog thread sees every collective in
 // flight: past stall_warning_s it says what is waited for; past stall_abort_s it ends the process,
-// and mpirun takes the other ranks down.
+// and mpirun takes the other ranks down. Where all ranks share one host, buffers from
+// allocate_reduction_buffer are reduced in shared memory without copies (shared_memory_reduce.h).
 #pragma once
 
 #include <functional>
@@ -19,11 +20,13 @@ namespace dptrain::distributed {
 
 struct CommWorker;
 struct StallWatchdog;
+class SharedMemorySegment;
 
 class MpiCommunicator final : public Communicator {
  public:
-  // Over every rank of `world`; a world of one turns every collective into a no-op.
-  explicit MpiCommunicator(const World& world, StallPolicy stall = {});
+  // Over every rank of `world`; a world of one turns every collective into a no-op. Without
+  // `shared_memory`, reduction buffers are ordinary memory and every collective goes through MPI.
+  explicit MpiCommunicator(const World& world, StallPolicy stall = {}, bool shared_memory = true);
   ~MpiCommunicator() override;
   MpiCommunicator(const MpiCommunicator&) = delete;
   MpiCommunicator& operator=(const MpiCommunicator&) = delete;
@@ -31,6 +34,10 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   bool accepts(Device device) const override { return device.is_host(); }
+  StoragePtr allocate_reduction_buffer(std::size_t bytes, Device device) override;
+  bool reduces_in_shared_memory(const void* data) const override;
+  // Collectives that ran in shared memory so far (tests and benches check the path taken).
+  uint64_t shared_memory_collectives() const;
 
   void wait(Pending& pending) override;
   void barrier(const std::string& what) override;
@@ -52,8 +59,13 @@ class MpiCommunicator final : public Communicator {
   // Queues `run` on the communication thread (started on first use); in submission order.
   Pending enqueue(std::string what, std::string timeline_name, std::function<void()> run);
   void drain();
+  // The shared segment that holds `count` elements of `type` at `data`, if it can reduce them with `op`.
+  std::shared_ptr<SharedMemorySegment> segment_for(const void* data, std::size_t count, DataType type,
+                                                   ReduceOp op) const;
 
   int rank_ = 0, size_ = 1;
+  bool shared_memory_ = false;  // ranks on one host, and not turned off
+  std::vector<std::shared_ptr<SharedMemorySegment>> segments_;
   std::shared_ptr<StallWatchdog> watchdog_;
   std::shared_ptr<CommWorker> worker_;  // started on the first asynchronous collective
 };

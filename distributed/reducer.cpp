@@ -43,9 +43,10 @@ GradientReducer::GradientReducer(Communicator& comm, const FlatParameters& param
     bucket_of_[k] = buckets_.size() - 1;
   }
   if (encoding_.encode != nullptr)
-    wire_ = make_storage(static_cast<std::size_t>(encoding_.bytes_per_element) *
-                             static_cast<std::size_t>(std::max<int64_t>(parameters_.size(), 1)),
-                         parameters_.device());
+    wire_ = comm_.allocate_reduction_buffer(
+        static_cast<std::size_t>(encoding_.bytes_per_element) *
+            static_cast<std::size_t>(std::max<int64_t>(parameters_.size(), 1)),
+        parameters_.device());
   if (options_.shard) {
     std::vector<FlatRange> windows;
     for (const Bucket& bucket : buckets_) windows.push_back({bucket.offset, bucket.numel});
@@ -98,8 +99,11 @@ std::vector<int64_t> GradientReducer::bucket_bytes() const {
 
 std::string GradientReducer::describe() const {
   char text[128];
-  std::snprintf(text, sizeof text, "%zu bucket(s), fusion threshold %g MiB, overlap %s", buckets_.size(),
-                options_.fusion_threshold_mb, options_.overlap ? "on" : "off");
+  std::snprintf(text, sizeof text, "%zu bucket(s), fusion threshold %g MiB, overlap %s%s", buckets_.size(),
+                options_.fusion_threshold_mb, options_.overlap ? "on" : "off",
+                comm_.reduces_in_shared_memory(wire_ ? wire_->data() : parameters_.grads().data_ptr())
+                    ? ", in shared memory"
+                    : "");
   if (!shard_) return text;
   return text + std::string(", optimizer sharded over ") + std::to_string(comm_.size()) +
          " rank(s) (reduce-scatter, update of this rank's 1/" + std::to_string(comm_.size()) +

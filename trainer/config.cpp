@@ -310,6 +310,9 @@ void declare_distributed(SectionBuilder<Config, DistributedConfig> d) {
           "BatchNorm statistics over every rank's batch.");
   d.field("broadcast_buffers", &D::broadcast_buffers, true, Any{},
           "Without SyncBN: rank 0's BatchNorm buffers to every rank before each step (DDP's default).");
+  d.field("shared_memory", &D::shared_memory, true, Any{},
+          "Ranks that share a host reduce gradients in one shared-memory segment, without copies (CPU); "
+          "false: through MPI.");
   d.field("deterministic", &D::deterministic, false, Any{},
           "The same bits on any number of ranks and threads.");
   d.field("deterministic_micro_batch", &D::deterministic_micro_batch, 32, Range{1, 1 << 30},

@@ -107,6 +107,8 @@ struct DistributedConfig {
   bool shard_optimizer{};
   bool sync_batchnorm{};     // BatchNorm statistics over every rank's batch (SyncBatchNorm)
   bool broadcast_buffers{};  // rank 0's BatchNorm buffers to every rank before each step (DDP's default)
+  // Ranks on one host reduce the gradients in shared memory, without copies (MpiCommunicator).
+  bool shared_memory{};
   // The same bits on any number of ranks and threads: fixed micro-batches in the sampler's global order,
   // gradients summed in fixed point (distributed/exact_sum.h).
   bool deterministic{};

@@ -206,8 +206,10 @@ Trainer::Trainer(const Config& config, const distributed::World& world)
       world_(world),
       device_(choose_run_device(config, world)),
       comm_(std::make_unique<distributed::MpiCommunicator>(
-          world, distributed::StallPolicy{.warning_s = config.distributed.stall_warning_s,
-                                          .abort_s = stall_abort_seconds(config.distributed, false)})),
+          world,
+          distributed::StallPolicy{.warning_s = config.distributed.stall_warning_s,
+                                   .abort_s = stall_abort_seconds(config.distributed, false)},
+          config.distributed.shared_memory)),
       device_comm_(make_device_communicator(config, device_, *comm_)),
       state_comm_(device_comm_ ? device_comm_.get() : comm_.get()),
       model_(build_model(config.model, config.seed)),
@@ -227,7 +229,9 @@ Trainer::Trainer(const Config& config, const distributed::World& world)
       std::make_unique<data::BatchLoader>(*train_set_, loader_options(config, *train_set_, world, true));
   test_loader_ =
       std::make_unique<data::BatchLoader>(*test_set_, loader_options(config, *test_set_, world, false));
-  parameters_ = std::make_unique<FlatParameters>(model_->named_parameters(), device_);
+  parameters_ = std::make_unique<FlatParameters>(model_->named_parameters(), device_, [&](std::size_t bytes) {
+    return state_comm_->allocate_reduction_buffer(bytes, device_);
+  });
   buffers_ = std::make_unique<FlatParameters>(model_->named_buffers(), device_);
   if (config.distributed.sync_batchnorm && world.size() > 1) {
     batch_stats_sync_ = std::make_unique<distributed::CommunicatorSum>(*state_comm_);

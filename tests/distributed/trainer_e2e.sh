@@ -8,6 +8,7 @@
 #   equivalence_sgd, equivalence_adam  CNN: 1 rank x batch 128 == 2 ranks x 64 == 4 ranks x 32 (20 steps),
 #                                      to float rounding (relative to the distance travelled)
 #   fusion_overlap_np2, _np4           fusion threshold / overlap settings give bitwise identical weights
+#                                      in shared memory; through MPI as well (np 2), or close (np 4)
 #   linear_regression                  4 ranks recover y = 5a + 3b + 2c + d; 1 rank x batch 1000 agrees
 #   fp16_compression                   fp16 compression stays close to fp32 (50 steps, 2 ranks)
 #   backward_passes                    batch 128 == 2 accumulated passes of 64 == 2 ranks x 2 passes of 32
@@ -81,13 +82,38 @@ case "$CASE" in
   fusion_overlap_np2 | fusion_overlap_np4)
     need_mnist
     NP=${CASE##*_np}
-    if [ "$NP" = 4 ]; then
-      # With 4 ranks the order in which MPI adds the four contributions depends on the algorithm Open
-      # MPI picks per message size, and buckets change message sizes (pinning "ring" instead makes
-      # fusion 0 and 128 differ in the last bits). Pin one whose per-element order does not depend
-      # on the message size, recursive doubling, for MPI_Allreduce (coll/tuned, what the
-      # communicator uses); then the weights must be bitwise identical. Without the parameter, fall
-      # back to the tolerance of the equivalence cases.
+    OPT=(--set optimizer.type=adam --set data.batch_size=64)
+    # In shared memory (the default for ranks on one host) every element is summed in rank order,
+    # whatever bucket it is in: every setting gives the same bits, on 2 ranks and on 4.
+    first=""
+    for fusion in 0 0.1 1 128; do
+      for overlap in true false; do
+        name=f${fusion}_o${overlap}
+        train "$NP" "$name" mnist_mlp.json "${MLP[@]}" "${OPT[@]}" --set distributed.fusion_threshold_mb=$fusion \
+          --set distributed.overlap=$overlap
+        grep -o 'gradients: [0-9]* bucket(s).*in shared memory' "$name.out" | sed 's/^/    /' | grep . ||
+          fail "$name: the summary does not say the gradients were reduced in shared memory"
+        if [ -z "$first" ]; then
+          first=$name
+        else
+          cmp "$first/model.safetensors" "$name/model.safetensors" || fail "$name differs from $first"
+        fi
+      done
+    done
+    echo "all settings bitwise identical to $first"
+    # Through MPI (distributed.shared_memory=false). On 2 ranks a + b == b + a whatever the algorithm:
+    # the same bits again. On 4 the order in which MPI adds the contributions depends on the algorithm
+    # Open MPI picks per message size, and buckets change message sizes (pinning "ring" makes fusion 0
+    # and 128 differ in the last bits). Pin one whose per-element order does not depend on the message
+    # size, recursive doubling, for MPI_Allreduce (coll/tuned); then fusion 0 and 128 must agree
+    # bitwise, and stay within float rounding of the rank-order sums above.
+    MPI=(--set distributed.shared_memory=false)
+    if [ "$NP" = 2 ]; then
+      train 2 mpi mnist_mlp.json "${MLP[@]}" "${OPT[@]}" "${MPI[@]}"
+      if grep -q 'in shared memory' mpi.out; then fail "shared_memory=false still reduced in shared memory"; fi
+      cmp "$first/model.safetensors" mpi/model.safetensors || fail "MPI's allreduce differs from shared memory's"
+      echo "through MPI: bitwise identical to $first"
+    else
       if ompi_info --param coll tuned --level 9 2>/dev/null | grep -q '"coll_tuned_allreduce_algorithm"' &&
          ompi_info --param coll tuned --level 9 2>/dev/null | grep -q '3:"recursive_doubling"'; then
         export OMPI_MCA_coll_tuned_use_dynamic_rules=1 OMPI_MCA_coll_tuned_allreduce_algorithm=recursive_doubling
@@ -96,31 +122,17 @@ case "$CASE" in
         echo "note: coll_tuned_allreduce_algorithm not available; comparing within 1e-5 instead of bitwise"
         EXACT=0
       fi
-      # The same for MPI_Iallreduce (libnbc), in case the communicator uses non-blocking collectives.
-      if ompi_info --param coll libnbc --level 9 2>/dev/null | grep -q '"coll_libnbc_iallreduce_algorithm"'; then
-        export OMPI_MCA_coll_libnbc_iallreduce_algorithm=recursive_doubling
-      fi
-    else
-      EXACT=1  # two ranks: a + b == b + a, whatever the algorithm
-    fi
-    OPT=(--set optimizer.type=adam --set data.batch_size=64)
-    first=""
-    for fusion in 0 0.1 1 128; do
-      for overlap in true false; do
-        name=f${fusion}_o${overlap}
-        train "$NP" "$name" mnist_mlp.json "${MLP[@]}" "${OPT[@]}" --set distributed.fusion_threshold_mb=$fusion \
-          --set distributed.overlap=$overlap
-        grep -o 'gradients: [0-9]* bucket(s)' "$name.out" | sed 's/^/    /'
-        if [ -z "$first" ]; then
-          first=$name
-        elif [ "$EXACT" = 1 ]; then
-          cmp "$first/model.safetensors" "$name/model.safetensors" || fail "$name differs from $first"
-        else
-          $CHECK close "$first/model.safetensors" "$name/model.safetensors" 1e-5 || fail "$name differs from $first"
-        fi
+      for fusion in 0 128; do
+        train 4 mpi_f$fusion mnist_mlp.json "${MLP[@]}" "${OPT[@]}" "${MPI[@]}" \
+          --set distributed.fusion_threshold_mb=$fusion
       done
-    done
-    echo "all settings identical to $first ($([ "$EXACT" = 1 ] && echo bitwise || echo within 1e-5))"
+      if [ "$EXACT" = 1 ]; then
+        cmp mpi_f0/model.safetensors mpi_f128/model.safetensors || fail "through MPI, fusion 0 and 128 differ"
+      fi
+      $CHECK close "$first/model.safetensors" mpi_f128/model.safetensors 1e-5 ||
+        fail "MPI's allreduce strays from the rank-order sums"
+      echo "through MPI: fusion 0 and 128 $([ "$EXACT" = 1 ] && echo bitwise identical || echo compared), within 1e-5 of $first"
+    fi
     ;;
 
   linear_regression)
