@@ -4,11 +4,13 @@
 // 64 MiB.
 //
 //   mpirun -np 2 build/bench/allreduce_bench [--min-kib 4] [--max-mib 64] [--seconds 0.3]
+//                                            [--shared-memory true]
 //
 // Each cell repeats until --seconds have passed (at least 5 times) and reports the median time of
 // batches; the time is the max over ranks. Ratio = raw time / our time (>= 1 means we are faster);
-// "no-chk" is the same reduction with distributed.check_finite off. Rank 0 ends with one
-// "RESULT {json}" line per row.
+// "no-chk" is the same reduction with distributed.check_finite off. Ours reduces the trainer's way:
+// where the ranks share a host, in shared memory (--shared-memory false: through MPI). Rank 0 ends
+// with one "RESULT {json}" line per row.
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -69,9 +71,11 @@ int main(int argc, char** argv) {
   app.add_option("--max-mib", max_mib, "largest synthetic size");
   app.add_option("--seconds", seconds, "time per cell");
   app.add_option("--fusion-mb", fusion_mb, "distributed.fusion_threshold_mb for our reducer");
+  bool shared_memory = true;
+  app.add_option("--shared-memory", shared_memory, "distributed.shared_memory for our reducer");
   CLI11_PARSE(app, argc, argv);
   World world(&argc, &argv);
-  MpiCommunicator comm(world);
+  MpiCommunicator comm(world, {}, shared_memory);
 
   struct Result {
     std::string what;
@@ -85,8 +89,10 @@ int main(int argc, char** argv) {
     rows.push_back({"synthetic", {static_cast<int64_t>(bytes / 4)}});
 
   if (world.is_root()) {
-    std::printf("np %d, fusion threshold %g MiB; times are per reduction (max over ranks), median of 9\n",
-                world.size(), fusion_mb);
+    std::printf(
+        "np %d, fusion threshold %g MiB, ours %s; times are per reduction (max over ranks), median of 9\n",
+        world.size(), fusion_mb,
+        shared_memory ? "in shared memory where the ranks share a host" : "through MPI");
     std::printf("%-10s %12s %10s %10s %10s %9s %13s %10s %9s %8s\n", "what", "bytes", "raw us", "raw GB/s",
                 "ours us", "ratio", "ratio no-chk", "fp16 us", "fp16/32", "bf16/32");
   }
@@ -98,7 +104,9 @@ int main(int argc, char** argv) {
       tensors.push_back({"p" + std::to_string(i), t});
       total += row.tensor_sizes[i];
     }
-    const FlatParameters params(tensors, Device::cpu());
+    const FlatParameters params(tensors, Device::cpu(), [&](std::size_t bytes) {
+      return comm.allocate_reduction_buffer(bytes, Device::cpu());
+    });
     std::vector<float> raw(total, 0.001f);
     const double raw_s = time_call(
         [&] {

@@ -303,25 +303,31 @@ StoragePtr MpiCommunicator::allocate_reduction_buffer(std::size_t bytes, Device 
                    why_not.c_str());
     return make_storage(bytes, device);
   }
+  std::erase_if(segments_, [](const auto& s) { return s.expired(); });
   segments_.push_back(segment);
   return std::make_shared<Storage>(segment->mine(), bytes, device, segment);
 }
 
 bool MpiCommunicator::reduces_in_shared_memory(const void* data) const {
-  return std::ranges::any_of(segments_, [&](const auto& segment) { return segment->contains(data, 1); });
+  return std::ranges::any_of(segments_, [&](const auto& weak) {
+    const auto segment = weak.lock();
+    return segment && segment->contains(data, 1);
+  });
 }
 
 uint64_t MpiCommunicator::shared_memory_collectives() const {
   uint64_t total = 0;
-  for (const auto& segment : segments_) total += segment->collectives();
+  for (const auto& weak : segments_)
+    if (const auto segment = weak.lock()) total += segment->collectives();
   return total;
 }
 
 std::shared_ptr<SharedMemorySegment> MpiCommunicator::segment_for(const void* data, std::size_t count,
                                                                   DataType type, ReduceOp op) const {
   if (!SharedMemorySegment::supports(type, op)) return nullptr;
-  for (const auto& segment : segments_)
-    if (segment->contains(data, count * element_size(type))) return segment;
+  for (const auto& weak : segments_)
+    if (auto segment = weak.lock(); segment && segment->contains(data, count * element_size(type)))
+      return segment;
   return nullptr;
 }
 

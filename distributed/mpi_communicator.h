@@ -65,7 +65,8 @@ class MpiCommunicator final : public Communicator {
 
   int rank_ = 0, size_ = 1;
   bool shared_memory_ = false;  // ranks on one host, and not turned off
-  std::vector<std::shared_ptr<SharedMemorySegment>> segments_;
+  // The segments behind the reduction buffers handed out; each lives as long as its buffer.
+  std::vector<std::weak_ptr<SharedMemorySegment>> segments_;
   std::shared_ptr<StallWatchdog> watchdog_;
   std::shared_ptr<CommWorker> worker_;  // started on the first asynchronous collective
 };
