@@ -6,12 +6,15 @@
 # Synchronous training runs at its slower rank's pace, so where the VM gives one core less time than
 # the other the ratio cannot pass 2 min(core 0, core 1) / (core 0 + core 1): printed as "bound", from
 # the same pair's independent runs, so that a slow core is not mistaken for communication.
+# --versus KEY=VALUE adds a second np 2 run to each pair with that config override (an A/B of a
+# setting, e.g. distributed.shared_memory=false), its ratio to the same ceiling, and the median of
+# the pairs' np 2 / np 2 (KEY=VALUE).
 #
 #   bench/synthetic_scaling.sh [--build build] [--model resnet18] [--input-shape 3,64,64]
-#                              [--batch-size 32] [--pairs 5]
+#                              [--batch-size 32] [--pairs 5] [--versus KEY=VALUE]
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="$repo_root/build" model=resnet18 shape=3,64,64 batch=32 pairs=5
+build="$repo_root/build" model=resnet18 shape=3,64,64 batch=32 pairs=5 versus=
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build) build=$2 ;;
@@ -19,7 +22,8 @@ while [[ $# -gt 0 ]]; do
     --input-shape) shape=$2 ;;
     --batch-size) batch=$2 ;;
     --pairs) pairs=$2 ;;
-    -h | --help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --versus) versus=$2 ;;
+    -h | --help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "synthetic_scaling: unknown option '$1' (--help lists them)" >&2; exit 2 ;;
   esac
   shift 2
@@ -34,21 +38,33 @@ total() { sed -n 's/^RESULT //p' | /usr/bin/python3 -c 'import json,sys; r=json.
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-ratios=() bounds=()
-printf '%-5s %12s %12s %7s %9s %9s %7s\n' pair "np 2 img/s" "ceiling" ratio "core 0" "core 1" bound
+ratios=() bounds=() versus_ratios=() gains=()
+[[ -z $versus ]] || echo "versus: np 2 with --set $versus, in the same pairs"
+printf '%-5s %12s %12s %7s %9s %9s %7s' pair "np 2 img/s" ceiling ratio "core 0" "core 1" bound
+[[ -z $versus ]] || printf ' %13s %7s' "versus img/s" ratio
+printf '\n'
+python() { /usr/bin/python3 -c "$1"; }
 for ((pair = 1; pair <= pairs; ++pair)); do
   np2=$(mpirun -np 2 --bind-to core "$bench" "${args[@]}" | total)
+  [[ -z $versus ]] || other=$(mpirun -np 2 --bind-to core "$bench" "${args[@]}" --set "$versus" | total)
   taskset -c 0 "$bench" "${args[@]}" >"$tmp/core0" &
   first=$!
   taskset -c 1 "$bench" "${args[@]}" >"$tmp/core1"
   wait "$first"
   core0=$(total <"$tmp/core0") core1=$(total <"$tmp/core1")
-  ceiling=$(/usr/bin/python3 -c "print($core0 + $core1)")
-  ratio=$(/usr/bin/python3 -c "print(f'{$np2 / $ceiling:.3f}')")
-  bound=$(/usr/bin/python3 -c "print(f'{2 * min($core0, $core1) / $ceiling:.3f}')")
+  ceiling=$(python "print($core0 + $core1)")
+  ratio=$(python "print(f'{$np2 / $ceiling:.3f}')")
+  bound=$(python "print(f'{2 * min($core0, $core1) / $ceiling:.3f}')")
   ratios+=("$ratio") bounds+=("$bound")
-  printf '%-5s %12.1f %12.1f %7s %9.1f %9.1f %7s\n' "$pair" "$np2" "$ceiling" "$ratio" "$core0" "$core1" "$bound"
+  printf '%-5s %12.1f %12.1f %7s %9.1f %9.1f %7s' "$pair" "$np2" "$ceiling" "$ratio" "$core0" "$core1" "$bound"
+  if [[ -n $versus ]]; then
+    versus_ratios+=("$(python "print(f'{$other / $ceiling:.3f}')")") gains+=("$(python "print($np2 / $other)")")
+    printf ' %13.1f %7s' "$other" "${versus_ratios[-1]}"
+  fi
+  printf '\n'
 done
 median_of() { /usr/bin/python3 -c 'import statistics,sys; print(f"{statistics.median(float(v) for v in sys.argv[1:]):.3f}")' "$@"; }
 echo "$model $shape batch $batch per rank: np 2 / two independent runs, median of $pairs pairs: $(median_of "${ratios[@]}")" \
   "(the cores' bound: median $(median_of "${bounds[@]}"))"
+[[ -z $versus ]] || echo "with $versus: median $(median_of "${versus_ratios[@]}"); np 2 / np 2 with $versus," \
+  "median of the pairs: $(median_of "${gains[@]}")"
