@@ -168,18 +168,28 @@ std::shared_ptr<SharedMemorySegment> SharedMemorySegment::create(std::size_t byt
     fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) {
       failure = std::string("shm_open(\"") + name + "\") failed: " + std::strerror(errno);
-    } else if (const int error = posix_fallocate(fd, 0, static_cast<off_t>(mapped)); error != 0) {
-      // Reserved up front: a segment larger than /dev/shm's free space would otherwise map and then
-      // kill the process with SIGBUS on first touch.
-      failure = "no room for " + std::to_string(mapped >> 20) + " MiB in /dev/shm (" + std::strerror(error) +
-                "; in a container, raise --shm-size)";
+    } else if (ftruncate(fd, static_cast<off_t>(mapped)) != 0) {
+      failure = std::string("ftruncate of the shared segment failed: ") + std::strerror(errno);
     }
+    if (fd < 0) name[0] = '\0';  // nothing for the others to open
   }
-  const bool created = fd >= 0;
+  const bool created = rank == 0 && fd >= 0;
   DPTRAIN_MPI_CHECK(MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD));
   if (rank != 0) {
-    fd = shm_open(name, O_RDWR, 0);
+    fd = name[0] == '\0' ? -1 : shm_open(name, O_RDWR, 0);
     if (fd < 0) failure = std::string("shm_open(\"") + name + "\") failed: " + std::strerror(errno);
+  }
+  if (failure.empty()) {
+    // Each rank reserves its own buffer (rank 0 the counters too): tmpfs takes the pages from the
+    // reserving process's NUMA node, where that rank's backward writes them. Reserving up front also
+    // turns a segment larger than /dev/shm's free space into this message rather than a SIGBUS on
+    // first touch.
+    const std::size_t first = rank == 0 ? 0 : header + stride * static_cast<std::size_t>(rank);
+    const std::size_t length = (rank == 0 ? header : 0) + stride;
+    if (const int error = posix_fallocate(fd, static_cast<off_t>(first), static_cast<off_t>(length));
+        error != 0)
+      failure = "no room for " + std::to_string(mapped >> 20) + " MiB in /dev/shm (" + std::strerror(error) +
+                "; in a container, raise --shm-size)";
   }
   void* base = MAP_FAILED;
   if (failure.empty()) {
