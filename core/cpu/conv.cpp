@@ -13,6 +13,7 @@
 #include "core/activation_rules.h"
 #include "core/cpu/conv_direct.h"
 #include "core/cpu/eigen.h"
+#include "core/cpu/gemm.h"
 #include "core/cpu/kernels.h"
 #include "core/error.h"
 #include "core/storage.h"
@@ -132,12 +133,15 @@ void chunk_backward(const ConvGeometry& g, const float* gy, const float* x, cons
   if (gw) {
     const float* columns = x + first * K * n;
     if (!in_place) im2col(g, x, first, count, cols), columns = cols;
+    // Eigen's GEMM, not ours: with pixels as the long k, ours would pack both [O, n] and [K, n]
+    // operands per chunk, a scalar copy as long as the arithmetic when K is 64.
     mat(gw, O, K).noalias() += gy_mat * unaligned_mat(columns, K, n).transpose();
   }
+  const LeftOperand w_transposed{w, K, /*transposed=*/true};
   if (gx && in_place) {
-    unaligned_mat(gx + first * K * n, K, n).noalias() += mat(w, O, K).transpose() * gy_mat;
+    gemm(K, n, O, w_transposed, gy, n, gx + first * K * n, n, /*accumulate=*/true);
   } else if (gx) {
-    mat(gcols, K, n).noalias() = mat(w, O, K).transpose() * gy_mat;
+    gemm(K, n, O, w_transposed, gy, n, gcols, n, /*accumulate=*/false);
     col2im_add(g, gcols, first, count, gx);
   }
 }
@@ -212,16 +216,7 @@ void forward_with(const ConvGeometry& g, const float* x, const float* w, Visit v
     const float* columns = x + first * K * n;
     if (!buffers.columns_in_place)
       im2col(g, x, first, count, buffers.cols.as<float>()), columns = buffers.cols.as<float>();
-    // In panels of columns whose [O, panel] share of the product stays in L2: Eigen zeroes its
-    // destination, then adds into it, and a short K (64 in ResNet-50's first 1x1 layers) leaves too
-    // little arithmetic to hide the second trip to memory (1x1 layers forward: 710 ms a step -> 646).
-    constexpr int64_t kPanelFloats = 256 * 1024;
-    const int64_t panel = std::max<int64_t>(16, kPanelFloats / O);
-    for (int64_t j = 0; j < n; j += panel) {
-      const int64_t width = std::min(panel, n - j);
-      unaligned_mat(product, O, n).middleCols(j, width).noalias() =
-          mat(w, O, K) * unaligned_mat(columns, K, n).middleCols(j, width);
-    }
+    gemm(O, n, K, {w, K}, columns, n, product, n, /*accumulate=*/false);
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < count; ++b)
       for (int64_t o = 0; o < O; ++o) visit(first + b, o, product + o * n + b * P);

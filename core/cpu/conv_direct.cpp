@@ -12,7 +12,6 @@
 
 #include <omp.h>
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -21,25 +20,12 @@
 #include <utility>
 #include <vector>
 
+#include "core/cpu/packet.h"
+
 namespace dptrain::cpu::direct_conv {
 namespace {
 
-// Eigen's packet of floats for the target ISA (16 lanes with AVX-512) and its fused multiply-add.
-using Packet = Eigen::internal::packet_traits<float>::type;
-constexpr int64_t kLanes = Eigen::internal::packet_traits<float>::size;
-using Eigen::internal::padd;
-using Eigen::internal::pmadd;
-using Eigen::internal::pset1;
-using Eigen::internal::pstoreu;
-
-Packet load(const float* p) {
-  return Eigen::internal::ploadu<Packet>(p);
-}
-Packet zero() {
-  return pset1<Packet>(0.0f);
-}
-// Floats on a 64-byte boundary, so that packets at multiples of kLanes never split a cache line.
-using AlignedFloats = std::vector<float, Eigen::aligned_allocator<float>>;
+using namespace simd;
 
 // Buffers of the calling thread that outlive a call: the kernels run every step, and fresh buffers of
 // this size come from mmap and fault every page in again each time.

@@ -337,7 +337,11 @@ std::vector<Case> cases() {
                                          {{2, 65, 31, 31}, {130, 65, 1, 1}, 1, 0, false, true},
                                          {{2, 64, 32, 32}, {128, 64, 1, 1}, 1, 0, true, false},
                                          // weights over 1 MiB: direct forward, im2col backward
-                                         {{1, 128, 6, 6}, {256, 128, 3, 3}, 1, 1, true, true}}) {
+                                         {{1, 128, 6, 6}, {256, 128, 3, 3}, 1, 1, true, true},
+                                         // the GEMM's edges at stride 2 (ResNet's downsampling): 50 and
+                                         // 98 columns, a ragged last block of them, 36 and 20 rows
+                                         {{2, 20, 9, 9}, {36, 20, 3, 3}, 2, 1, true, false},
+                                         {{2, 36, 14, 14}, {20, 36, 1, 1}, 2, 0, false, true}}) {
     const std::string shapes = "x " + str(v.x) + ", w " + str(v.w) + ", stride " + std::to_string(v.stride) +
                                ", pad " + std::to_string(v.padding) + (v.relu ? ", fused relu" : "") +
                                (v.bias ? ", bias" : ", no bias");

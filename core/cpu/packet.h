@@ -1,0 +1,27 @@
+// Eigen's packet of floats for the build's vector ISA (16 lanes with AVX-512), and the operations
+// the CPU's hand-blocked kernels use on it.
+#pragma once
+
+#include <Eigen/Core>
+#include <cstdint>
+#include <vector>
+
+namespace dptrain::cpu::simd {
+
+using Packet = Eigen::internal::packet_traits<float>::type;
+constexpr int64_t kLanes = Eigen::internal::packet_traits<float>::size;
+using Eigen::internal::padd;
+using Eigen::internal::pmadd;  // fused where the ISA has a fused multiply-add
+using Eigen::internal::pset1;
+using Eigen::internal::pstoreu;
+
+inline Packet load(const float* p) {
+  return Eigen::internal::ploadu<Packet>(p);
+}
+inline Packet zero() {
+  return pset1<Packet>(0.0f);
+}
+// Floats on a 64-byte boundary, so that packets at multiples of kLanes never split a cache line.
+using AlignedFloats = std::vector<float, Eigen::aligned_allocator<float>>;
+
+}  // namespace dptrain::cpu::simd

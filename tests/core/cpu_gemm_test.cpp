@@ -1,0 +1,133 @@
+// core/cpu/gemm: every tile shape and edge (rows, ragged columns, blocks of k, strides, transposed A,
+// accumulation) against a naive product in double, and bit for bit against the documented order of
+// the sums at 1, 2 and 3 threads.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/cpu/gemm.h"
+
+namespace dptrain::cpu {
+namespace {
+
+struct Case {
+  int64_t m, n, k;
+  bool transposed, accumulate;
+  std::string name() const {
+    return std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+           (transposed ? " A^T" : "") + (accumulate ? " +=" : " =");
+  }
+};
+
+// Operands with strides past their widths, so that a kernel reading or writing a row's neighbours
+// shows; every float of Y outside [m, n] must come back as it was.
+struct Operands {
+  Operands(const Case& c, uint32_t seed)
+      : lda((c.transposed ? c.m : c.k) + 3),
+        ldb(c.n + 5),
+        ldy(c.n + 7),
+        a(static_cast<std::size_t>((c.transposed ? c.k : c.m) * lda + 1)),
+        b(static_cast<std::size_t>(c.k * ldb + 1)),
+        y(static_cast<std::size_t>(c.m * ldy + 1)) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    for (auto* v : {&a, &b, &y})
+      for (float& x : *v) x = uniform(rng);
+  }
+  float a_at(const Case& c, int64_t i, int64_t kk) const {
+    return c.transposed ? a[kk * lda + i] : a[i * lda + kk];
+  }
+  int64_t lda, ldb, ldy;
+  std::vector<float> a, b, y;
+};
+
+std::vector<float> run(const Case& c, const Operands& o, int threads) {
+  std::vector<float> y = o.y;
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  gemm(c.m, c.n, c.k, {o.a.data(), o.lda, c.transposed}, o.b.data(), o.ldb, y.data(), o.ldy, c.accumulate);
+  omp_set_num_threads(before);
+  return y;
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  // m around the row block (8 with AVX-512, 4 with AVX2), n around packets and blocks of 3 packets,
+  // k around the block of kGemmDepthBlock
+  for (int64_t m : {1, 3, 8, 13, 24})
+    for (int64_t n : {1, 7, 16, 17, 47, 48, 49, 100})
+      for (int64_t k :
+           {int64_t{1}, int64_t{5}, kGemmDepthBlock, kGemmDepthBlock + 1, 2 * kGemmDepthBlock + 9})
+        for (bool transposed : {false, true}) out.push_back({m, n, k, transposed, (m + n + k) % 3 == 0});
+  // n around the split of a last block of one packet into two of two: 4, 7 and 13 packets
+  for (int64_t n : {64, 112, 208}) out.push_back({9, n, 200, false, false});
+  out.push_back({130, 961, 65, false, false});  // a 1x1 layer's sample in the conformance table
+  out.push_back({65, 961, 130, true, true});    // and its input gradient
+  out.push_back({5, 9, 0, false, false});       // k = 0: Y = 0
+  out.push_back({5, 9, 0, false, true});        // k = 0: Y unchanged
+  return out;
+}
+
+TEST(CpuGemm, MatchesANaiveProductInDouble) {
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name());
+    const Operands o(c, static_cast<uint32_t>(c.m * 1000003 + c.n * 1009 + c.k));
+    const std::vector<float> y = run(c, o, 1);
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t j = 0; j < o.ldy; ++j) {
+        const float got = y[i * o.ldy + j], before = o.y[i * o.ldy + j];
+        if (j >= c.n) {
+          ASSERT_EQ(got, before) << "wrote past column n at (" << i << ", " << j << ")";
+          continue;
+        }
+        double want = c.accumulate ? before : 0.0, scale = std::abs(want);
+        for (int64_t kk = 0; kk < c.k; ++kk) {
+          const double term = static_cast<double>(o.a_at(c, i, kk)) * o.b[kk * o.ldb + j];
+          want += term;
+          scale += std::abs(term);
+        }
+        ASSERT_NEAR(got, want, 1e-6 * scale + 1e-30) << "at (" << i << ", " << j << ")";
+      }
+    ASSERT_EQ(y.back(), o.y.back()) << "wrote past row m";
+  }
+}
+
+// The order the header promises, written out: per block of k a chain of fused multiply-adds from zero,
+// the blocks added to Y in order. Only where the vector ISA fuses them (as -march=native does on the
+// machines this runs on); elsewhere the products round before they add.
+TEST(CpuGemm, SumsInTheDocumentedOrderAtAnyThreadCount) {
+#if !defined(__FMA__)
+  GTEST_SKIP()
+      << "the build's vector ISA has no fused multiply-add (build with DPTRAIN_NATIVE on an FMA machine)";
+#endif
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name());
+    const Operands o(c, static_cast<uint32_t>(c.m + c.n * 7 + c.k * 13));
+    std::vector<float> want = o.y;
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t j = 0; j < c.n; ++j) {
+        float& y = want[i * o.ldy + j];
+        if (!c.accumulate) y = 0.0f;
+        for (int64_t k0 = 0; k0 < c.k; k0 += kGemmDepthBlock) {
+          float block = 0.0f;
+          for (int64_t kk = k0; kk < std::min(c.k, k0 + kGemmDepthBlock); ++kk)
+            block = std::fma(o.a_at(c, i, kk), o.b[kk * o.ldb + j], block);
+          y = (k0 == 0 && !c.accumulate) ? block : y + block;
+        }
+      }
+    for (int threads : {1, 2, 3}) {
+      const std::vector<float> got = run(c, o, threads);
+      ASSERT_EQ(0, std::memcmp(got.data(), want.data(), sizeof(float) * want.size()))
+          << threads << " threads";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dptrain::cpu
