@@ -133,15 +133,13 @@ void chunk_backward(const ConvGeometry& g, const float* gy, const float* x, cons
   if (gw) {
     const float* columns = x + first * K * n;
     if (!in_place) im2col(g, x, first, count, cols), columns = cols;
-    // Eigen's GEMM, not ours: with pixels as the long k, ours would pack both [O, n] and [K, n]
-    // operands per chunk, a scalar copy as long as the arithmetic when K is 64.
-    mat(gw, O, K).noalias() += gy_mat * unaligned_mat(columns, K, n).transpose();
+    gemm(O, K, n, {gy, n}, {columns, n, /*transposed=*/true}, gw, K, /*accumulate=*/true);
   }
-  const LeftOperand w_transposed{w, K, /*transposed=*/true};
+  const Operand w_transposed{w, K, /*transposed=*/true};
   if (gx && in_place) {
-    gemm(K, n, O, w_transposed, gy, n, gx + first * K * n, n, /*accumulate=*/true);
+    gemm(K, n, O, w_transposed, {gy, n}, gx + first * K * n, n, /*accumulate=*/true);
   } else if (gx) {
-    gemm(K, n, O, w_transposed, gy, n, gcols, n, /*accumulate=*/false);
+    gemm(K, n, O, w_transposed, {gy, n}, gcols, n, /*accumulate=*/false);
     col2im_add(g, gcols, first, count, gx);
   }
 }
@@ -216,7 +214,7 @@ void forward_with(const ConvGeometry& g, const float* x, const float* w, Visit v
     const float* columns = x + first * K * n;
     if (!buffers.columns_in_place)
       im2col(g, x, first, count, buffers.cols.as<float>()), columns = buffers.cols.as<float>();
-    gemm(O, n, K, {w, K}, columns, n, product, n, /*accumulate=*/false);
+    gemm(O, n, K, {w, K}, {columns, n}, product, n, /*accumulate=*/false);
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < count; ++b)
       for (int64_t o = 0; o < O; ++o) visit(first + b, o, product + o * n + b * P);

@@ -1,13 +1,17 @@
-// A register-blocked float GEMM for the convolutions' im2col products (forward, and the input
-// gradient). Why not Eigen's: on the shapes of ResNet layers (m of 64-2048, k of 64-4608, n of
+// A register-blocked float GEMM for the convolutions' im2col products: forward, input gradient and
+// weight gradient. Why not Eigen's: on the shapes of ResNet layers (m of 64-2048, k of 64-4608, n of
 // 192-3136 columns) Eigen 3.4's kernel ran at 125-147 GFLOP/s on one Zen 5 core whose multiply-add
-// peak is about 215, and this one at 170-200.
+// peak is about 215, and at 46-140 on the weight gradients' shapes; this one at 125-200.
 //
 // The micro-kernel keeps a tile of Y, kRows rows by kPackets packets of columns, in registers
 // (24 accumulators with AVX-512) over a block of k: each step loads kPackets packets of a row of B
-// and multiplies them by kRows broadcast elements of A, packed so that those sit side by side. A
-// column block of B ([kDepth, kPackets packets], 36 KiB) stays in L1 while every row block of A
-// passes over it, and the column block of Y stays in L2 across the blocks of k.
+// and multiplies them by kRows broadcast elements of A. A column block of B ([kDepth, kPackets
+// packets], 36 KiB) stays in L1 while every row block of A passes over it, and the column block of
+// Y stays in L2 across the blocks of k. A stored as it lies is read in place, kRows rows side by
+// side; a transposed A is packed once per call so that each row block's elements sit together (its
+// rows would be a stride apart at every step). A transposed B (the weight gradient's columns^T) is
+// transposed into the block's buffer in kLanes x kLanes blocks in registers. (Both copied element by
+// element, a weight gradient of 256 x 64 over 3136 pixels ran at 112 GFLOP/s; this way, 156.)
 #include "core/cpu/gemm.h"
 
 #include <algorithm>
@@ -36,12 +40,21 @@ float* scratch(Scratch slot, int64_t floats) {
   return buffer.data();
 }
 
-// A as row blocks of kRows rows: block r's element (i, kk) at packed[(r * k + kk) * kRows + i],
-// rows past m zero.
-void pack_left(int64_t m, int64_t k, LeftOperand a, float* packed) {
+// Rows [first, first + kRows) of A, as the tile reads them: element (r, kk) at
+// data[r * row_step + kk * k_step].
+struct RowBlock {
+  const float* data;
+  int64_t row_step, k_step;
+};
+
+// A transposed, as row blocks of kRows rows: block r's element (i, kk) at
+// packed[(r * k + kk) * kRows + i], rows past m zero. A as it lies is read in place but for a last
+// block of fewer than kRows rows, which is packed the same way.
+void pack_left(int64_t m, int64_t k, Operand a, float* packed) {
   const int64_t blocks = (m + kRows - 1) / kRows;
+  const int64_t first_block = a.transposed ? 0 : m / kRows;
 #pragma omp parallel for schedule(static) if (m * k > 65536)
-  for (int64_t block = 0; block < blocks; ++block) {
+  for (int64_t block = first_block; block < blocks; ++block) {
     float* to = packed + block * k * kRows;
     const int64_t rows = std::min<int64_t>(kRows, m - block * kRows);
     for (int64_t kk = 0; kk < k; ++kk)
@@ -54,10 +67,15 @@ void pack_left(int64_t m, int64_t k, LeftOperand a, float* packed) {
   }
 }
 
-// Y's tile [rows, cols] (= or += with add) sums over kk < depth of a[kk * kRows + i] * b[kk * ldb + c].
-// b must be readable for Packets * kLanes columns.
-template <int Packets>
-void tile(int64_t depth, const float* a, const float* b, int64_t ldb, float* y, int64_t ldy, int64_t rows,
+RowBlock row_block(Operand a, int64_t m, int64_t k, const float* packed, int64_t i, int64_t k0) {
+  if (a.transposed || i + kRows > m) return {packed + i * k + k0 * kRows, 1, kRows};
+  return {a.data + i * a.stride + k0, a.stride, 1};
+}
+
+// Y's tile [rows, cols] (= or += with add) sums over kk < depth of A(r, kk) * b[kk * ldb + c], A's
+// rows packed or in place. b must be readable for Packets * kLanes columns.
+template <int Packets, bool Packed>
+void tile(int64_t depth, RowBlock a, const float* b, int64_t ldb, float* y, int64_t ldy, int64_t rows,
           int64_t cols, bool add) {
   Packet sums[kRows][Packets];
   for (auto& row : sums)
@@ -66,7 +84,7 @@ void tile(int64_t depth, const float* a, const float* b, int64_t ldb, float* y, 
     Packet row_of_b[Packets];
     for (int p = 0; p < Packets; ++p) row_of_b[p] = load(b + kk * ldb + p * kLanes);
     for (int r = 0; r < kRows; ++r) {
-      const Packet element = pset1<Packet>(a[kk * kRows + r]);
+      const Packet element = pset1<Packet>(Packed ? a.data[kk * kRows + r] : a.data[r * a.row_step + kk]);
       for (int p = 0; p < Packets; ++p) sums[r][p] = pmadd(element, row_of_b[p], sums[r][p]);
     }
   }
@@ -85,14 +103,34 @@ void tile(int64_t depth, const float* a, const float* b, int64_t ldb, float* y, 
     for (int64_t c = 0; c < cols; ++c) y[r * ldy + c] = add ? y[r * ldy + c] + staged[r][c] : staged[r][c];
 }
 
-using TileKernel = void (*)(int64_t, const float*, const float*, int64_t, float*, int64_t, int64_t, int64_t,
+using TileKernel = void (*)(int64_t, RowBlock, const float*, int64_t, float*, int64_t, int64_t, int64_t,
                             bool);
-constexpr TileKernel kTileOfPackets[kPackets + 1] = {nullptr, tile<1>, tile<2>, tile<3>};
+constexpr TileKernel kPackedTile[kPackets + 1] = {nullptr, tile<1, true>, tile<2, true>, tile<3, true>};
+constexpr TileKernel kInPlaceTile[kPackets + 1] = {nullptr, tile<1, false>, tile<2, false>, tile<3, false>};
+
+// to[kk * to_stride + c] = B(k0 + kk, j + c) for B stored transposed (column c of B is row j + c of
+// the storage), in kLanes x kLanes blocks transposed in registers.
+void transpose_into(Operand b, int64_t j, int64_t cols, int64_t k0, int64_t depth, float* to,
+                    int64_t to_stride) {
+  const int64_t whole_cols = cols / kLanes * kLanes, whole_depth = depth / kLanes * kLanes;
+  for (int64_t c = 0; c < whole_cols; c += kLanes)
+    for (int64_t kk = 0; kk < whole_depth; kk += kLanes) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wignored-attributes"  // Packet's vector attributes, as a template argument
+      Eigen::internal::PacketBlock<Packet, kLanes> block;
+#pragma GCC diagnostic pop
+      for (int64_t t = 0; t < kLanes; ++t) block.packet[t] = load(b.data + (j + c + t) * b.stride + k0 + kk);
+      Eigen::internal::ptranspose(block);
+      for (int64_t t = 0; t < kLanes; ++t) pstoreu(to + (kk + t) * to_stride + c, block.packet[t]);
+    }
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t kk = (c < whole_cols ? whole_depth : 0); kk < depth; ++kk)
+      to[kk * to_stride + c] = b.data[(j + c) * b.stride + k0 + kk];
+}
 
 }  // namespace
 
-void gemm(int64_t m, int64_t n, int64_t k, LeftOperand a, const float* b, int64_t ldb, float* y, int64_t ldy,
-          bool accumulate) {
+void gemm(int64_t m, int64_t n, int64_t k, Operand a, Operand b, float* y, int64_t ldy, bool accumulate) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
     if (!accumulate)
@@ -117,22 +155,32 @@ void gemm(int64_t m, int64_t n, int64_t k, LeftOperand a, const float* b, int64_
     const int64_t j = first_packet * kLanes, cols = std::min(packets * kLanes, n - j);
     for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
       const int64_t depth = std::min(kDepth, k - k0);
-      const float* slice = b + k0 * ldb + j;
-      int64_t slice_stride = ldb;
-      if (cols % kLanes != 0) {  // a ragged last block: copied into rows of whole packets, zero past cols,
-        const int64_t padded_stride = packets * kLanes;  // so that the kernel's loads stay inside B
+      const float* slice = b.data + k0 * b.stride + j;
+      int64_t slice_stride = b.stride;
+      // A transposed B, or a ragged last block, goes into rows of whole packets, zero past cols, so that
+      // the kernel's loads are contiguous and stay inside B; every row block of A reuses the copy.
+      if (b.transposed || cols % kLanes != 0) {
+        const int64_t padded_stride = packets * kLanes;
         float* padded = scratch(kPaddedColumns, depth * padded_stride);
-        for (int64_t kk = 0; kk < depth; ++kk) {
-          std::copy_n(slice + kk * ldb, cols, padded + kk * padded_stride);
+        for (int64_t kk = 0; kk < depth; ++kk)
           std::fill(padded + kk * padded_stride + cols, padded + (kk + 1) * padded_stride, 0.0f);
+        if (b.transposed) {
+          transpose_into(b, j, cols, k0, depth, padded, padded_stride);
+        } else {
+          for (int64_t kk = 0; kk < depth; ++kk)
+            std::copy_n(slice + kk * b.stride, cols, padded + kk * padded_stride);
         }
         slice = padded;
         slice_stride = padded_stride;
       }
       const bool add = accumulate || k0 > 0;
-      for (int64_t i = 0; i < m; i += kRows)
-        kTileOfPackets[packets](depth, packed + (i * k + k0 * kRows), slice, slice_stride, y + i * ldy + j,
-                                ldy, std::min<int64_t>(kRows, m - i), cols, add);
+      for (int64_t i = 0; i < m; i += kRows) {
+        const RowBlock rows_of_a = row_block(a, m, k, packed, i, k0);
+        const bool in_place = rows_of_a.k_step == 1;
+        (in_place ? kInPlaceTile : kPackedTile)[packets](depth, rows_of_a, slice, slice_stride,
+                                                         y + i * ldy + j, ldy,
+                                                         std::min<int64_t>(kRows, m - i), cols, add);
+      }
     }
   }
 }

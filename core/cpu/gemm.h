@@ -5,9 +5,9 @@
 
 namespace dptrain::cpu {
 
-// The left operand: [m, k] at data[i * stride + kk], or, transposed, stored [k, m] at
-// data[kk * stride + i].
-struct LeftOperand {
+// An operand [rows, cols] at data[r * stride + c], or, transposed, stored [cols, rows] at
+// data[c * stride + r].
+struct Operand {
   const float* data;
   int64_t stride;
   bool transposed = false;
@@ -19,8 +19,7 @@ struct LeftOperand {
 // thread count.
 constexpr int64_t kGemmDepthBlock = 192;
 
-// Y[m, n] = A[m, k] B[k, n] (or += with accumulate), B's rows at stride ldb, Y's at stride ldy.
-void gemm(int64_t m, int64_t n, int64_t k, LeftOperand a, const float* b, int64_t ldb, float* y, int64_t ldy,
-          bool accumulate);
+// Y[m, n] = A[m, k] B[k, n] (or += with accumulate), Y's rows at stride ldy.
+void gemm(int64_t m, int64_t n, int64_t k, Operand a, Operand b, float* y, int64_t ldy, bool accumulate);
 
 }  // namespace dptrain::cpu

@@ -1,5 +1,5 @@
-// core/cpu/gemm: every tile shape and edge (rows, ragged columns, blocks of k, strides, transposed A,
-// accumulation) against a naive product in double, and bit for bit against the documented order of
+// core/cpu/gemm: every tile shape and edge (rows, ragged columns, blocks of k, strides, transposed A
+// and B, accumulation) against a naive product in double, and bit for bit against the documented order of
 // the sums at 1, 2 and 3 threads.
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -18,10 +18,10 @@ namespace {
 
 struct Case {
   int64_t m, n, k;
-  bool transposed, accumulate;
+  bool a_transposed, b_transposed, accumulate;
   std::string name() const {
     return std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
-           (transposed ? " A^T" : "") + (accumulate ? " +=" : " =");
+           (a_transposed ? " A^T" : "") + (b_transposed ? " B^T" : "") + (accumulate ? " +=" : " =");
   }
 };
 
@@ -29,11 +29,11 @@ struct Case {
 // shows; every float of Y outside [m, n] must come back as it was.
 struct Operands {
   Operands(const Case& c, uint32_t seed)
-      : lda((c.transposed ? c.m : c.k) + 3),
-        ldb(c.n + 5),
+      : lda((c.a_transposed ? c.m : c.k) + 3),
+        ldb((c.b_transposed ? c.k : c.n) + 5),
         ldy(c.n + 7),
-        a(static_cast<std::size_t>((c.transposed ? c.k : c.m) * lda + 1)),
-        b(static_cast<std::size_t>(c.k * ldb + 1)),
+        a(static_cast<std::size_t>((c.a_transposed ? c.k : c.m) * lda + 1)),
+        b(static_cast<std::size_t>((c.b_transposed ? c.n : c.k) * ldb + 1)),
         y(static_cast<std::size_t>(c.m * ldy + 1)) {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
@@ -41,7 +41,10 @@ struct Operands {
       for (float& x : *v) x = uniform(rng);
   }
   float a_at(const Case& c, int64_t i, int64_t kk) const {
-    return c.transposed ? a[kk * lda + i] : a[i * lda + kk];
+    return c.a_transposed ? a[kk * lda + i] : a[i * lda + kk];
+  }
+  float b_at(const Case& c, int64_t kk, int64_t j) const {
+    return c.b_transposed ? b[j * ldb + kk] : b[kk * ldb + j];
   }
   int64_t lda, ldb, ldy;
   std::vector<float> a, b, y;
@@ -51,7 +54,8 @@ std::vector<float> run(const Case& c, const Operands& o, int threads) {
   std::vector<float> y = o.y;
   const int before = omp_get_max_threads();
   omp_set_num_threads(threads);
-  gemm(c.m, c.n, c.k, {o.a.data(), o.lda, c.transposed}, o.b.data(), o.ldb, y.data(), o.ldy, c.accumulate);
+  gemm(c.m, c.n, c.k, {o.a.data(), o.lda, c.a_transposed}, {o.b.data(), o.ldb, c.b_transposed}, y.data(),
+       o.ldy, c.accumulate);
   omp_set_num_threads(before);
   return y;
 }
@@ -64,13 +68,17 @@ std::vector<Case> cases() {
     for (int64_t n : {1, 7, 16, 17, 47, 48, 49, 100})
       for (int64_t k :
            {int64_t{1}, int64_t{5}, kGemmDepthBlock, kGemmDepthBlock + 1, 2 * kGemmDepthBlock + 9})
-        for (bool transposed : {false, true}) out.push_back({m, n, k, transposed, (m + n + k) % 3 == 0});
+        for (int transposes = 0; transposes < 4; ++transposes)
+          out.push_back(
+              {m, n, k, (transposes & 1) != 0, (transposes & 2) != 0, (m + n + k + transposes) % 3 == 0});
   // n around the split of a last block of one packet into two of two: 4, 7 and 13 packets
-  for (int64_t n : {64, 112, 208}) out.push_back({9, n, 200, false, false});
-  out.push_back({130, 961, 65, false, false});  // a 1x1 layer's sample in the conformance table
-  out.push_back({65, 961, 130, true, true});    // and its input gradient
-  out.push_back({5, 9, 0, false, false});       // k = 0: Y = 0
-  out.push_back({5, 9, 0, false, true});        // k = 0: Y unchanged
+  for (int64_t n : {64, 112, 208}) out.push_back({9, n, 200, false, n == 112, false});
+  // a 1x1 layer's sample in the conformance table: forward, input gradient, weight gradient
+  out.push_back({130, 961, 65, false, false, false});
+  out.push_back({65, 961, 130, true, false, true});
+  out.push_back({130, 65, 961, false, true, true});
+  out.push_back({5, 9, 0, false, false, false});  // k = 0: Y = 0
+  out.push_back({5, 9, 0, false, false, true});   // k = 0: Y unchanged
   return out;
 }
 
@@ -88,7 +96,7 @@ TEST(CpuGemm, MatchesANaiveProductInDouble) {
         }
         double want = c.accumulate ? before : 0.0, scale = std::abs(want);
         for (int64_t kk = 0; kk < c.k; ++kk) {
-          const double term = static_cast<double>(o.a_at(c, i, kk)) * o.b[kk * o.ldb + j];
+          const double term = static_cast<double>(o.a_at(c, i, kk)) * o.b_at(c, kk, j);
           want += term;
           scale += std::abs(term);
         }
@@ -117,7 +125,7 @@ TEST(CpuGemm, SumsInTheDocumentedOrderAtAnyThreadCount) {
         for (int64_t k0 = 0; k0 < c.k; k0 += kGemmDepthBlock) {
           float block = 0.0f;
           for (int64_t kk = k0; kk < std::min(c.k, k0 + kGemmDepthBlock); ++kk)
-            block = std::fma(o.a_at(c, i, kk), o.b[kk * o.ldb + j], block);
+            block = std::fma(o.a_at(c, i, kk), o.b_at(c, kk, j), block);
           y = (k0 == 0 && !c.accumulate) ? block : y + block;
         }
       }
