@@ -269,35 +269,35 @@ void SharedMemorySegment::reduce_range(std::size_t offset, std::size_t begin, st
                                        ReduceOp op, bool write_everywhere) const {
   if (begin >= end) return;
   const int only = write_everywhere ? -1 : rank_;
-  const auto buffers = [&]<typename T>(T*) {
-    std::vector<T*> out;
-    for (int q = 0; q < size_; ++q) out.push_back(reinterpret_cast<T*>(region(q) + offset));
-    return out;
-  };
   const bool average = op == ReduceOp::kAverage;
   switch (type) {
     case DataType::kF32:
-      return sum_floats(buffers(static_cast<float*>(nullptr)).data(), size_, begin, end, average, only);
+      return sum_floats(buffers_at<float>(offset).data(), size_, begin, end, average, only);
     case DataType::kF64:
-      return sum_floats(buffers(static_cast<double*>(nullptr)).data(), size_, begin, end, average, only);
+      return sum_floats(buffers_at<double>(offset).data(), size_, begin, end, average, only);
     case DataType::kF16:
     case DataType::kBf16:
-      return sum_halves(buffers(static_cast<uint16_t*>(nullptr)).data(), size_, begin, end,
+      return sum_halves(buffers_at<uint16_t>(offset).data(), size_, begin, end,
                         type == DataType::kF16 ? HalfFormat::kFp16 : HalfFormat::kBf16, only);
     default:
       DPTRAIN_FAIL("shared-memory reduction of an unsupported type");
   }
 }
 
+std::size_t SharedMemorySegment::offset_of(const void* data, std::size_t count, DataType type, ReduceOp op,
+                                           const char* collective) const {
+  DPTRAIN_CHECK(supports(type, op) && contains(data, count * element_size(type)),
+                std::string("shared-memory ") + collective +
+                    " of a buffer outside the segment or of an unsupported type");
+  return static_cast<std::size_t>(static_cast<const char*>(data) - region(rank_));
+}
+
 void SharedMemorySegment::allreduce(void* data, std::size_t count, DataType type, ReduceOp op,
                                     const std::string& what) {
-  const std::size_t size_bytes = element_size(type);
-  DPTRAIN_CHECK(supports(type, op) && contains(data, count * size_bytes),
-                "shared-memory allreduce of a buffer outside the segment or of an unsupported type");
-  const std::size_t offset = static_cast<std::size_t>(static_cast<char*>(data) - region(rank_));
+  const std::size_t offset = offset_of(data, count, type, op, "allreduce");
   const uint32_t sequence = arrive(offset, count, type, op, kAllreduce, what);
   // Chunks of whole cache lines, so that no two ranks write into one line.
-  const std::size_t per_line = 64 / size_bytes, ranks = static_cast<std::size_t>(size_);
+  const std::size_t per_line = 64 / element_size(type), ranks = static_cast<std::size_t>(size_);
   const std::size_t chunk = round_up((count + ranks - 1) / ranks, per_line);
   const std::size_t begin = std::min(count, chunk * static_cast<std::size_t>(rank_));
   reduce_range(offset, begin, std::min(count, begin + chunk), type, op, /*write_everywhere=*/true);
@@ -306,10 +306,8 @@ void SharedMemorySegment::allreduce(void* data, std::size_t count, DataType type
 
 void SharedMemorySegment::reduce_scatter(void* data, std::size_t chunk, DataType type, ReduceOp op,
                                          const std::string& what) {
-  const std::size_t size_bytes = element_size(type), count = chunk * static_cast<std::size_t>(size_);
-  DPTRAIN_CHECK(supports(type, op) && contains(data, count * size_bytes),
-                "shared-memory reduce-scatter of a buffer outside the segment or of an unsupported type");
-  const std::size_t offset = static_cast<std::size_t>(static_cast<char*>(data) - region(rank_));
+  const std::size_t count = chunk * static_cast<std::size_t>(size_);
+  const std::size_t offset = offset_of(data, count, type, op, "reduce-scatter");
   const uint32_t sequence = arrive(offset, count, type, op, kReduceScatter, what);
   const std::size_t begin = chunk * static_cast<std::size_t>(rank_);
   reduce_range(offset, begin, begin + chunk, type, op, /*write_everywhere=*/false);

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "distributed/communicator.h"
 
@@ -54,6 +55,17 @@ class SharedMemorySegment {
   SharedMemorySegment(char* base, std::size_t mapped, std::size_t stride, std::size_t bytes, int rank,
                       int size);
   char* region(int rank) const { return base_ + header_ + static_cast<std::size_t>(rank) * stride_; }
+  // Every rank's buffer at `offset` bytes into its region, as T*, in rank order.
+  template <typename T>
+  std::vector<T*> buffers_at(std::size_t offset) const {
+    std::vector<T*> out;
+    for (int q = 0; q < size_; ++q) out.push_back(reinterpret_cast<T*>(region(q) + offset));
+    return out;
+  }
+  // Where `count` elements of `type` at `data` sit in this rank's region (bytes); throws, naming
+  // `collective`, unless they lie inside it and this path reduces `type` with `op`.
+  std::size_t offset_of(const void* data, std::size_t count, DataType type, ReduceOp op,
+                        const char* collective) const;
   // The element range [begin, end) of this rank's buffers that `rank` reduces, for every rank.
   void reduce_range(std::size_t offset, std::size_t begin, std::size_t end, DataType type, ReduceOp op,
                     bool write_everywhere) const;
