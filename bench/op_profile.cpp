@@ -58,16 +58,16 @@ class ProfilingBackend final : public Backend {
     timed("allocate", "", 0, [&] { inner_.release(pointer, bytes); });
   }
   void copy_from_host(void* dst, const void* src, std::size_t bytes) override {
-    timed("fill/copy", "", 0, [&] { inner_.copy_from_host(dst, src, bytes); });
+    timed("upload", "", 0, [&] { inner_.copy_from_host(dst, src, bytes); });
   }
   void copy_to_host(void* dst, const void* src, std::size_t bytes) override {
-    timed("fill/copy", "", 0, [&] { inner_.copy_to_host(dst, src, bytes); });
+    timed("download", "", 0, [&] { inner_.copy_to_host(dst, src, bytes); });
   }
   void copy(void* dst, const void* src, std::size_t bytes) override {
-    timed("fill/copy", "", 0, [&] { inner_.copy(dst, src, bytes); });
+    timed("copy", "", 0, [&] { inner_.copy(dst, src, bytes); });
   }
   void fill(float* dst, int64_t n, float value) override {
-    timed("fill/copy", "", 0, [&] { inner_.fill(dst, n, value); });
+    timed("fill", "", 0, [&] { inner_.fill(dst, n, value); });
   }
   void synchronize() override { inner_.synchronize(); }
 

@@ -586,6 +586,12 @@ __global__ void from_half_kernel(const uint16_t* __restrict__ src, float* __rest
 }  // namespace
 
 void fill(float* y, int64_t n, float value, cudaStream_t stream) {
+  // Zeroing is most fills (every gradient buffer: about 5.7 GB a step for resnet50 at batch 64), and
+  // +0.0f is all zero bytes: the driver's memset, tuned per device, rather than 4-byte stores.
+  if (value == 0.0f && !std::signbit(value)) {
+    if (n > 0) DPTRAIN_CUDA_CHECK(cudaMemsetAsync(y, 0, sizeof(float) * static_cast<std::size_t>(n), stream));
+    return;
+  }
   DPTRAIN_LAUNCH(fill_kernel, n, stream, y, n, value);
 }
 void add(const float* x, float* y, int64_t n, cudaStream_t stream) {

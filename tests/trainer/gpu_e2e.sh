@@ -16,10 +16,13 @@ source "$(dirname "$0")/../e2e_common.sh"
 need_mnist
 
 need_gpu() {
-  local why=""
-  if ! ldd "$TRAINER" | grep -q libcudart; then
-    why="this build has no CUDA backend (configure with -DDPTRAIN_CUDA=ON)"
-  elif ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
+  # The trainer opens the CUDA backend as a module through its rpath: lib/ beside it in a build,
+  # ../lib in the GPU bundle (bin/trainer).
+  local why="this build has no CUDA backend (configure with -DDPTRAIN_CUDA=ON)" dir
+  for dir in "$(dirname "$TRAINER")/lib" "$(dirname "$TRAINER")/../lib"; do
+    [ -f "$dir/libdptrain_cuda.so" ] && why=""
+  done
+  if [ -z "$why" ] && ! { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q "^GPU"; }; then
     why="no GPU on this machine (nvidia-smi lists none)"
   fi
   [ -z "$why" ] && return 0
