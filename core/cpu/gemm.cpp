@@ -40,22 +40,18 @@ float* scratch(Scratch slot, int64_t floats) {
   return buffer.data();
 }
 
-// Rows [first, first + kRows) of A, as the tile reads them: element (r, kk) at
-// data[r * row_step + kk * k_step].
-struct RowBlock {
-  const float* data;
-  int64_t row_step, k_step;
-};
-
-// A transposed, as row blocks of kRows rows: block r's element (i, kk) at
-// packed[(r * k + kk) * kRows + i], rows past m zero. A as it lies is read in place but for a last
-// block of fewer than kRows rows, which is packed the same way.
+// The row blocks of A that the tiles cannot read in place, packed: element (r, kk) of a block at
+// [kk * kRows + r], rows past m zero. A transposed is packed whole, block b at packed + b * k * kRows;
+// A as it lies only when m is not a multiple of kRows, its last block at packed.
+int64_t packed_left_floats(int64_t m, int64_t k, Operand a) {
+  return (a.transposed ? (m + kRows - 1) / kRows : static_cast<int64_t>(m % kRows != 0)) * kRows * k;
+}
 void pack_left(int64_t m, int64_t k, Operand a, float* packed) {
   const int64_t blocks = (m + kRows - 1) / kRows;
   const int64_t first_block = a.transposed ? 0 : m / kRows;
 #pragma omp parallel for schedule(static) if (m * k > 65536)
   for (int64_t block = first_block; block < blocks; ++block) {
-    float* to = packed + block * k * kRows;
+    float* to = packed + (block - first_block) * k * kRows;
     const int64_t rows = std::min<int64_t>(kRows, m - block * kRows);
     for (int64_t kk = 0; kk < k; ++kk)
       for (int64_t r = 0; r < kRows; ++r) {
@@ -67,16 +63,12 @@ void pack_left(int64_t m, int64_t k, Operand a, float* packed) {
   }
 }
 
-RowBlock row_block(Operand a, int64_t m, int64_t k, const float* packed, int64_t i, int64_t k0) {
-  if (a.transposed || i + kRows > m) return {packed + i * k + k0 * kRows, 1, kRows};
-  return {a.data + i * a.stride + k0, a.stride, 1};
-}
-
 // Y's tile [rows, cols] (= or += with add) sums over kk < depth of A(r, kk) * b[kk * ldb + c], A's
-// rows packed or in place. b must be readable for Packets * kLanes columns.
+// kRows rows packed (A(r, kk) at a[kk * kRows + r]) or in place (at a[r * lda + kk]). b must be
+// readable for Packets * kLanes columns.
 template <int Packets, bool Packed>
-void tile(int64_t depth, RowBlock a, const float* b, int64_t ldb, float* y, int64_t ldy, int64_t rows,
-          int64_t cols, bool add) {
+void tile(int64_t depth, const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy,
+          int64_t rows, int64_t cols, bool add) {
   Packet sums[kRows][Packets];
   for (auto& row : sums)
     for (Packet& s : row) s = zero();
@@ -84,7 +76,7 @@ void tile(int64_t depth, RowBlock a, const float* b, int64_t ldb, float* y, int6
     Packet row_of_b[Packets];
     for (int p = 0; p < Packets; ++p) row_of_b[p] = load(b + kk * ldb + p * kLanes);
     for (int r = 0; r < kRows; ++r) {
-      const Packet element = pset1<Packet>(Packed ? a.data[kk * kRows + r] : a.data[r * a.row_step + kk]);
+      const Packet element = pset1<Packet>(Packed ? a[kk * kRows + r] : a[r * lda + kk]);
       for (int p = 0; p < Packets; ++p) sums[r][p] = pmadd(element, row_of_b[p], sums[r][p]);
     }
   }
@@ -103,8 +95,8 @@ void tile(int64_t depth, RowBlock a, const float* b, int64_t ldb, float* y, int6
     for (int64_t c = 0; c < cols; ++c) y[r * ldy + c] = add ? y[r * ldy + c] + staged[r][c] : staged[r][c];
 }
 
-using TileKernel = void (*)(int64_t, RowBlock, const float*, int64_t, float*, int64_t, int64_t, int64_t,
-                            bool);
+using TileKernel = void (*)(int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t,
+                            int64_t, bool);
 constexpr TileKernel kPackedTile[kPackets + 1] = {nullptr, tile<1, true>, tile<2, true>, tile<3, true>};
 constexpr TileKernel kInPlaceTile[kPackets + 1] = {nullptr, tile<1, false>, tile<2, false>, tile<3, false>};
 
@@ -137,7 +129,7 @@ void gemm(int64_t m, int64_t n, int64_t k, Operand a, Operand b, float* y, int64
       for (int64_t i = 0; i < m; ++i) std::fill_n(y + i * ldy, n, 0.0f);
     return;
   }
-  float* packed = scratch(kPackedLeft, (m + kRows - 1) / kRows * kRows * k);
+  float* packed = scratch(kPackedLeft, packed_left_floats(m, k, a));
   pack_left(m, k, a, packed);
   // Column blocks of kPackets packets; where that would leave a last block of one packet (8
   // accumulators, too few to hide the multiply-add's latency), the last two have two each.
@@ -175,11 +167,13 @@ void gemm(int64_t m, int64_t n, int64_t k, Operand a, Operand b, float* y, int64
       }
       const bool add = accumulate || k0 > 0;
       for (int64_t i = 0; i < m; i += kRows) {
-        const RowBlock rows_of_a = row_block(a, m, k, packed, i, k0);
-        const bool in_place = rows_of_a.k_step == 1;
-        (in_place ? kInPlaceTile : kPackedTile)[packets](depth, rows_of_a, slice, slice_stride,
-                                                         y + i * ldy + j, ldy,
-                                                         std::min<int64_t>(kRows, m - i), cols, add);
+        const int64_t rows = std::min<int64_t>(kRows, m - i);
+        const bool in_place = !a.transposed && rows == kRows;
+        const float* rows_of_a = in_place       ? a.data + i * a.stride + k0
+                                 : a.transposed ? packed + i * k + k0 * kRows
+                                                : packed + k0 * kRows;
+        (in_place ? kInPlaceTile : kPackedTile)[packets](depth, rows_of_a, a.stride, slice, slice_stride,
+                                                         y + i * ldy + j, ldy, rows, cols, add);
       }
     }
   }

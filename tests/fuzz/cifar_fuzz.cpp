@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "data/registry.h"
@@ -16,10 +17,24 @@
 
 using namespace dptrain;
 
+namespace fs = std::filesystem;
+
+namespace {
+// The reader opens a folder, not bytes: one per process, removed when it exits normally (a crash
+// keeps it, with the input that crashed).
+struct ScratchFolder {
+  fs::path path = fs::temp_directory_path() / ("cifar_fuzz." + std::to_string(::getpid()));
+  ScratchFolder() { fs::create_directories(path); }
+  ~ScratchFolder() {
+    std::error_code ignored;
+    fs::remove_all(path, ignored);
+  }
+};
+}  // namespace
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  namespace fs = std::filesystem;
-  static const fs::path dir = fs::temp_directory_path() / ("cifar_fuzz." + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  static const ScratchFolder scratch;
+  const fs::path& dir = scratch.path;
   const bool hundred = size > 0 && (data[0] & 1) != 0;
   fs::remove(dir / "test_batch.bin");
   fs::remove(dir / "test.bin");
