@@ -15,13 +15,15 @@
 #   bench  bench/gpu_vs_pytorch.sh (MNIST CNN and MLP at batch 128 and 1024, 5 epochs) and Horovod's
 #          synthetic benchmark (resnet50, 3x224x224, batch 64) against torchvision on the same GPU
 #   all    the four in turn
+#   profile  where the time goes (not in all): --profile-ops of resnet50 (batch 64, TF32) and of the
+#          MNIST CNN at batch 1024, every op synchronized; the tables in OUT/profile.log
 #
 # Every check runs under `timeout` with NCCL_DEBUG=WARN, logs into OUT/<step>.log, and a table of
 # PASS / FAIL / SKIP(reason) rows with times comes last (also OUT/summary.txt). Exit status 1 if any
 # row failed, also where the probe found no GPU. --deadline S: rows that would start with less than
 # 20 s left are skipped, so the table always comes back within a lease's command limit.
 #
-#   gpu-bundle/scripts/gpu_check.sh [probe|unit|train|bench|all]... [--out DIR] [--deadline S]
+#   gpu-bundle/scripts/gpu_check.sh [probe|unit|train|bench|all|profile]... [--out DIR] [--deadline S]
 set -uo pipefail
 bundle="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 self="$bundle/scripts/$(basename "${BASH_SOURCE[0]}")"
@@ -35,12 +37,12 @@ if [[ ${1:-} == --call ]]; then
 fi
 while (($#)); do
   case "$1" in
-    probe | unit | train | bench) steps+=("$1"); shift ;;
+    probe | unit | train | bench | profile) steps+=("$1"); shift ;;
     all) steps+=(probe unit train bench); shift ;;
     --out) out="$(realpath -m "$2")"; shift 2 ;;
     --deadline) deadline="$2"; shift 2 ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "gpu_check.sh: unknown argument '$1' (probe, unit, train, bench, all, --out DIR, --deadline S)" >&2
+    *) echo "gpu_check.sh: unknown argument '$1' (probe, unit, train, bench, all, profile, --out DIR, --deadline S)" >&2
        exit 2 ;;
   esac
 done
@@ -64,7 +66,7 @@ DATA=(--set "data.dir=\"$bundle/data/mnist\"")
 
 # ---- rows: a file, since some checks run in the background ----
 record() {  # record STEP NAME STATUS SECONDS DETAIL
-  printf '%-6s %-30s %-4s %6s  %s\n' "$1" "$2" "$3" "$4" "$5" >>"$scratch/rows"
+  printf '%-7s %-30s %-4s %6s  %s\n' "$1" "$2" "$3" "$4" "$5" >>"$scratch/rows"
 }
 left() { ((deadline > 0)) && echo $((deadline - ($(date +%s) - started))) || echo 100000; }
 # check STEP NAME LIMIT_S COMMAND...: runs the command under timeout, output appended to STEP.log;
@@ -329,6 +331,30 @@ resnet50_against_torchvision() {
   awk -v r="$ratio" 'BEGIN { exit !(r >= 1) }'
 }
 
+# ---- profile ----
+# The profile's header line and its three largest rows, as the row's detail.
+profile_detail() {
+  sed -n 's/^Per-op profile over [0-9]* steps: kernels \([0-9.]*\) ms of \([0-9.]*\) ms per step.*/kernels \1 of \2 ms a step;/p' "$1"
+  sed -n '/^  op  /,/^  all kernels/p' "$1" | sed '1d;$d' | head -3 |
+    awk '{ for (i = 1; i < NF && $i !~ /%$/; ++i) {}
+           name = $1; for (j = 2; j < i - 2; ++j) name = name " " $j
+           printf "%s%s %s ms;", (NR > 1 ? " " : ""), name, $(i - 1) }'
+}
+profile_resnet50() {
+  "$bundle/bin/synthetic_benchmark" --model resnet50 --batch-size 64 --num-warmup-batches 3 --num-batches-per-iter 3 \
+    --num-iters 1 --profile-ops --device cuda --set cuda.tf32=true --set 'distributed.backend="mpi"' |
+    tee "$scratch/profile.txt"
+  ((PIPESTATUS[0] == 0)) || return 1
+  echo "=> resnet50 b64 TF32: $(profile_detail "$scratch/profile.txt" | paste -sd' ')"
+}
+profile_cnn() {
+  "$bundle/bin/train_bench" --config "$bundle/configs/mnist.json" "${DATA[@]}" --set device=cuda \
+    --set cuda.cudnn_benchmark=true --set 'distributed.backend="mpi"' --batch 1024 --warmup 20 --steps 50 --reps 1 \
+    --profile-ops | tee "$scratch/profile.txt"
+  ((PIPESTATUS[0] == 0)) || return 1
+  echo "=> MNIST CNN b1024: $(profile_detail "$scratch/profile.txt" | paste -sd' ')"
+}
+
 if ((${#call[@]})); then
   "${call[@]}"
   exit
@@ -380,13 +406,19 @@ for step in "${steps[@]}"; do
       check bench mnist_vs_pytorch_eager 300 mnist_against_pytorch
       check bench resnet50_vs_torchvision 240 resnet50_against_torchvision
       ;;
+    profile)
+      wait
+      ((gpu_ok)) || { skip_step profile "the probe failed"; continue; }
+      check profile resnet50_ops 120 profile_resnet50
+      check profile mnist_cnn_b1024_ops 120 profile_cnn
+      ;;
   esac
 done
 wait
 
 {
   echo "dptrain GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo 'no GPU')"
-  printf '%-6s %-30s %-4s %6s  %s\n' step check stat s detail
+  printf '%-7s %-30s %-4s %6s  %s\n' step check stat s detail
   cat "$scratch/rows"
   echo "total $(($(date +%s) - started)) s; logs in $out"
 } | tee "$out/summary.txt"
