@@ -40,15 +40,15 @@ float* scratch(Scratch slot, int64_t floats) {
   return buffer.data();
 }
 
-// The row blocks of A that the tiles cannot read in place, packed: element (r, kk) of a block at
-// [kk * kRows + r], rows past m zero. A transposed is packed whole, block b at packed + b * k * kRows;
-// A as it lies only when m is not a multiple of kRows, its last block at packed.
-int64_t packed_left_floats(int64_t m, int64_t k, Operand a) {
-  return (a.transposed ? (m + kRows - 1) / kRows : static_cast<int64_t>(m % kRows != 0)) * kRows * k;
+// The row blocks of A that the tiles cannot read in place are packed: all of a transposed A, and of A
+// as it lies only a last block of fewer than kRows rows. Block b (rows from b * kRows) is at
+// packed + (b - first_packed_block) * k * kRows, its element (r, kk) at [kk * kRows + r], rows past m
+// zero.
+int64_t first_packed_block(int64_t m, Operand a) {
+  return a.transposed ? 0 : m / kRows;
 }
 void pack_left(int64_t m, int64_t k, Operand a, float* packed) {
-  const int64_t blocks = (m + kRows - 1) / kRows;
-  const int64_t first_block = a.transposed ? 0 : m / kRows;
+  const int64_t blocks = (m + kRows - 1) / kRows, first_block = first_packed_block(m, a);
 #pragma omp parallel for schedule(static) if (m * k > 65536)
   for (int64_t block = first_block; block < blocks; ++block) {
     float* to = packed + (block - first_block) * k * kRows;
@@ -129,7 +129,8 @@ void gemm(int64_t m, int64_t n, int64_t k, Operand a, Operand b, float* y, int64
       for (int64_t i = 0; i < m; ++i) std::fill_n(y + i * ldy, n, 0.0f);
     return;
   }
-  float* packed = scratch(kPackedLeft, packed_left_floats(m, k, a));
+  const int64_t first_packed = first_packed_block(m, a);
+  float* packed = scratch(kPackedLeft, ((m + kRows - 1) / kRows - first_packed) * kRows * k);
   pack_left(m, k, a, packed);
   // Column blocks of kPackets packets; where that would leave a last block of one packet (8
   // accumulators, too few to hide the multiply-add's latency), the last two have two each.
@@ -168,10 +169,9 @@ void gemm(int64_t m, int64_t n, int64_t k, Operand a, Operand b, float* y, int64
       const bool add = accumulate || k0 > 0;
       for (int64_t i = 0; i < m; i += kRows) {
         const int64_t rows = std::min<int64_t>(kRows, m - i);
-        const bool in_place = !a.transposed && rows == kRows;
-        const float* rows_of_a = in_place       ? a.data + i * a.stride + k0
-                                 : a.transposed ? packed + i * k + k0 * kRows
-                                                : packed + k0 * kRows;
+        const bool in_place = i / kRows < first_packed;
+        const float* rows_of_a = in_place ? a.data + i * a.stride + k0
+                                          : packed + (i / kRows - first_packed) * k * kRows + k0 * kRows;
         (in_place ? kInPlaceTile : kPackedTile)[packets](depth, rows_of_a, a.stride, slice, slice_stride,
                                                          y + i * ldy + j, ldy, rows, cols, add);
       }
