@@ -98,9 +98,9 @@ class ProfilingBackend final : public Backend {
     timed(conv_kind(g) + " fwd", conv_shape(g) + " fwd", conv_flops(g),
           [&] { inner_.conv2d(x, w, bias, y, g); });
   }
-  void conv2d_backward(const float* gy, const float* x, const float* w, const float* y, float* gx, float* gw,
-                       float* gbias, const Conv2dGeometry& g) override {
-    timed(conv_kind(g) + " bwd", conv_shape(g) + " bwd", conv_flops(g) * wanted(gx, gw),
+  void conv2d_backward(const float* gy, const float* x, const float* w, const float* y, GradientOut gx,
+                       float* gw, float* gbias, const Conv2dGeometry& g) override {
+    timed(conv_kind(g) + " bwd", conv_shape(g) + " bwd", conv_flops(g) * wanted(gx.data, gw),
           [&] { inner_.conv2d_backward(gy, x, w, y, gx, gw, gbias, g); });
   }
   void maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& g) override {
@@ -145,15 +145,15 @@ class ProfilingBackend final : public Backend {
     timed("batchnorm fwd", "", 0, [&] { inner_.batchnorm_normalize(x, stats, gamma, beta, y, s, epilogue); });
   }
   void batchnorm_backward_reduce(const float* gy, const float* relu_y, const float* x, const float* stats,
-                                 double* grad_sums, float* ggamma, float* gbeta, float* gresidual,
+                                 double* grad_sums, float* ggamma, float* gbeta, GradientOut gresidual,
                                  BatchNormShape s) override {
     timed("batchnorm bwd", "", 0, [&] {
       inner_.batchnorm_backward_reduce(gy, relu_y, x, stats, grad_sums, ggamma, gbeta, gresidual, s);
     });
   }
   void batchnorm_backward_input(const float* gy, const float* relu_y, const float* x, const float* stats,
-                                const float* gamma, const double* grad_sums, const double* sums, float* gx,
-                                BatchNormShape s) override {
+                                const float* gamma, const double* grad_sums, const double* sums,
+                                GradientOut gx, BatchNormShape s) override {
     timed("batchnorm bwd", "", 0,
           [&] { inner_.batchnorm_backward_input(gy, relu_y, x, stats, gamma, grad_sums, sums, gx, s); });
   }

@@ -3,9 +3,10 @@
 // the backend of that device; so a new device is a new Backend plus a registration, and nothing
 // above core changes. Kernels take raw pointers into the device's memory (from Tensor::data_ptr())
 // and geometry structs; `g*` pointers that may be null mean "this gradient is not wanted". Backward
-// kernels add into the gradients they write (gradients accumulate over uses and passes); forward
-// kernels overwrite their outputs. Kernels may run asynchronously on the device: a result becomes
-// visible to the host through copy_to_host(), which waits for it.
+// kernels add into the gradients they write (gradients accumulate over uses and passes), except that
+// a GradientOut may ask to be written instead; forward kernels overwrite their outputs. Kernels may run
+// asynchronously on the device: a result becomes visible to the host through copy_to_host(), which waits for
+// it.
 //
 // A new backend implements every pure virtual below (the fused ops have defaults composed of the
 // others) and passes tests/core/backend_conformance_test
@@ -88,6 +89,21 @@ struct BatchNormEpilogue {
 
 enum class Activation { kRelu, kTanh, kSigmoid };
 
+// An input gradient that a backward kernel adds into, or, with `overwrite`, writes: the buffer was
+// just made for this, its first contribution, and holds garbage rather than zeros. The values are
+// those of adding into zeros (a -0 may stay -0). Where it applies (the large activation gradients of
+// convolutions and BatchNorm), the zeroing pass and the kernel's read of those zeros are saved: on a
+// GPU, two passes over every activation gradient of a step. From a float*, it adds.
+struct GradientOut {
+  float* data = nullptr;
+  bool overwrite = false;
+
+  GradientOut() = default;
+  GradientOut(float* gradient) : data(gradient) {}  // NOLINT(google-explicit-constructor): adds
+  GradientOut(float* gradient, bool write) : data(gradient), overwrite(write) {}
+  explicit operator bool() const { return data != nullptr; }
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -98,6 +114,11 @@ class Backend {
   virtual void* allocate(std::size_t bytes) = 0;
   virtual void release(void* pointer, std::size_t bytes) = 0;
   virtual void copy_from_host(void* dst, const void* host_src, std::size_t bytes) = 0;
+  // A new buffer (freed by release()) holding a copy of `bytes` of host memory, whose copy need not
+  // wait for the work queued before it: a GPU copies the next batch while the step before still
+  // runs, where copy_from_host() into a buffer of the running step would wait for that step. The
+  // default: allocate(), then copy_from_host().
+  virtual void* upload(const void* host_src, std::size_t bytes);
   // Returns once the bytes are on the host (after all work queued before it).
   virtual void copy_to_host(void* host_dst, const void* src, std::size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;  // both on this device
@@ -120,8 +141,8 @@ class Backend {
   virtual void conv2d(const float* x, const float* w, const float* bias, float* y,
                       const Conv2dGeometry& g) = 0;
   // `y` is the forward output, read only with fuse_relu (the gradient passes where y > 0).
-  virtual void conv2d_backward(const float* gy, const float* x, const float* w, const float* y, float* gx,
-                               float* gw, float* gbias, const Conv2dGeometry& g) = 0;
+  virtual void conv2d_backward(const float* gy, const float* x, const float* w, const float* y,
+                               GradientOut gx, float* gw, float* gbias, const Conv2dGeometry& g) = 0;
   // `argmax` (may be null): each output's winner as an index into its input plane. Ties go to the
   // first maximum in row-major window order and NaN wins, as in PyTorch.
   virtual void maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& g) = 0;
@@ -160,13 +181,13 @@ class Backend {
   // may be null).
   virtual void batchnorm_backward_reduce(const float* gy, const float* relu_y, const float* x,
                                          const float* stats, double* grad_sums, float* ggamma, float* gbeta,
-                                         float* gresidual, BatchNormShape s) = 0;
+                                         GradientOut gresidual, BatchNormShape s) = 0;
   // With grad_sums (batch statistics; count = sums[channels]):
   //   gx += gamma invstd (g - sum_g / count - (x - mean) invstd^2 sum_g_xmu / count);
   // with grad_sums and sums null (fixed statistics, evaluation mode): gx += gamma invstd g.
   virtual void batchnorm_backward_input(const float* gy, const float* relu_y, const float* x,
                                         const float* stats, const float* gamma, const double* grad_sums,
-                                        const double* sums, float* gx, BatchNormShape s) = 0;
+                                        const double* sums, GradientOut gx, BatchNormShape s) = 0;
 
   // ---- global average pooling: y [planes] = mean of each plane of `plane_size` elements ----
   virtual void mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size) = 0;

@@ -34,6 +34,17 @@ void Backend::conv2d_relu_maxpool_backward(const float* gy, const int32_t* argma
   conv2d_backward(gconv.as<float>(), x, w, mask.as<float>(), gx, gw, gbias, g.conv);
 }
 
+void* Backend::upload(const void* host_src, std::size_t bytes) {
+  void* p = allocate(bytes);
+  try {
+    copy_from_host(p, host_src, bytes);
+  } catch (...) {
+    release(p, bytes);
+    throw;
+  }
+  return p;
+}
+
 void Backend::mark_non_finite(const float* x, int64_t n, int32_t* flag, int32_t value) {
   int32_t current = 0;
   copy_to_host(&current, flag, sizeof current);

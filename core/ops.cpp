@@ -7,6 +7,7 @@
 
 #include "core/autograd.h"
 #include "core/error.h"
+#include "core/tensor_access.h"
 
 namespace dptrain::ops {
 namespace {
@@ -30,6 +31,17 @@ Backend& backend_of(const char* op, std::initializer_list<const Tensor*> tensors
 // The gradient buffer of `t` where it lives, or null when no gradient is wanted.
 float* grad_if_wanted(const Tensor& t) {
   return t.defined() && t.requires_grad() ? t.grad_ptr() : nullptr;
+}
+// The same for a kernel that can write the gradient: a buffer made now skips grad_ptr()'s zeroing
+// and is written by the kernel, since nothing has contributed to it yet (the first of a tensor's
+// uses to run backward); one that exists already (another use came first, or a parameter's, which
+// accumulates over micro-batches) is added into.
+GradientOut gradient_out_if_wanted(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return {};
+  StoragePtr& grad = TensorAccess::grad(TensorAccess::impl(t));
+  if (grad) return {grad->as<float>(), false};
+  grad = make_storage(sizeof(float) * static_cast<std::size_t>(t.numel()), t.device());
+  return {grad->as<float>(), true};
 }
 const float* data_if_defined(const Tensor& t) {
   return t.defined() ? t.data_ptr() : nullptr;
@@ -135,7 +147,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dO
   if (autograd::any_requires_grad({&x, &weight, &bias})) {
     autograd::record(out, {&x, &weight, &bias}, [&backend, x, weight, bias, out, g] {
       backend.conv2d_backward(out.grad_ptr(), x.data_ptr(), weight.data_ptr(), out.data_ptr(),
-                              grad_if_wanted(x), grad_if_wanted(weight), grad_if_wanted(bias), g);
+                              gradient_out_if_wanted(x), grad_if_wanted(weight), grad_if_wanted(bias), g);
     });
   }
   return out;
@@ -246,7 +258,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
           // replicas' later.
           backend.batchnorm_backward_reduce(out.grad_ptr(), relu_y, x.data_ptr(), stats->as<float>(),
                                             grad_sums->as<double>(), grad_if_wanted(weight),
-                                            grad_if_wanted(bias), grad_if_wanted(residual), s);
+                                            grad_if_wanted(bias), gradient_out_if_wanted(residual), s);
           if (!x.requires_grad()) return;
           // The input gradient sees the whole batch's sums: each rank's gy holds only its
           // own loss's part.
@@ -254,7 +266,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
             sync->sum(grad_sums->as<double>(), 2 * s.channels, x.device(), "SyncBatchNorm grad sums");
           backend.batchnorm_backward_input(out.grad_ptr(), relu_y, x.data_ptr(), stats->as<float>(),
                                            weight.data_ptr(), training ? grad_sums->as<double>() : nullptr,
-                                           training ? sums->as<double>() : nullptr, x.grad_ptr(), s);
+                                           training ? sums->as<double>() : nullptr, gradient_out_if_wanted(x),
+                                           s);
         });
   }
   return out;

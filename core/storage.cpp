@@ -81,6 +81,11 @@ Storage::Storage(std::shared_ptr<Storage> parent, std::size_t offset, std::size_
 Storage::Storage(void* data, std::size_t bytes, Device device, std::shared_ptr<const void> owner)
     : data_(data), bytes_(bytes), device_(device), owner_(std::move(owner)) {}
 
+Storage::Storage(Device device, const void* host_src, std::size_t bytes)
+    : bytes_(bytes), device_(device), backend_(&backend_for(device)) {
+  data_ = backend_->upload(host_src, bytes_);
+}
+
 Storage::~Storage() {
   if (backend_) backend_->release(data_, bytes_);
 }

@@ -22,6 +22,8 @@ class Storage {
   Storage(std::shared_ptr<Storage> parent, std::size_t offset, std::size_t bytes);
   // `bytes` bytes at `data` on `device`, which `owner` keeps valid for as long as this storage lives.
   Storage(void* data, std::size_t bytes, Device device, std::shared_ptr<const void> owner);
+  // A buffer on `device` holding a copy of `bytes` bytes of host memory (Backend::upload).
+  Storage(Device device, const void* host_src, std::size_t bytes);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;

@@ -89,6 +89,18 @@ Tensor Tensor::from_data(Shape shape, std::span<const float> values, bool requir
   return t;
 }
 
+Tensor Tensor::from_host(Shape shape, std::span<const float> values, Device device) {
+  const int64_t n = shape_numel(shape);
+  DPTRAIN_CHECK(static_cast<int64_t>(values.size()) == n, "from_host: ", values.size(), " values for shape ",
+                shape_str(shape));
+  Tensor t;
+  t.impl_ = std::make_shared<TensorImpl>();
+  t.impl_->numel_ = n;
+  t.impl_->shape_ = std::move(shape);
+  t.impl_->data_ = std::make_shared<Storage>(device, values.data(), bytes_of(n));
+  return t;
+}
+
 void Tensor::fail_not_host(const char* what) const {
   DPTRAIN_FAIL(what, "() on a tensor of shape ", shape_str(shape()), " in ", device().str(),
                " memory; copy it to the host first (to(Device::cpu()), to_vector(), item())");

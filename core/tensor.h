@@ -33,7 +33,7 @@ class TensorImpl {
   Shape shape_;
   int64_t numel_ = 0;
   StoragePtr data_;  // shared between a tensor and its reshaped views
-  StoragePtr grad_;  // allocated (zeroed) on first accumulation
+  StoragePtr grad_;  // allocated on first use: zeroed (grad_ptr()), or written whole (GradientOut)
   bool requires_grad_ = false;
   // Leaf tensors (parameters) may ask to hear when backward has produced their final gradient.
   std::vector<std::pair<uint64_t, std::function<void()>>> grad_ready_hooks_;
@@ -65,6 +65,9 @@ class Tensor {
   static Tensor zeros(Shape shape, Device device);
   static Tensor full(Shape shape, float value, bool requires_grad = false);
   static Tensor from_data(Shape shape, std::span<const float> values, bool requires_grad = false);
+  // A tensor on `device` holding `values`, copied once (Backend::upload: on a GPU, without waiting
+  // for the work queued there).
+  static Tensor from_host(Shape shape, std::span<const float> values, Device device);
 
   bool defined() const { return impl_ != nullptr; }
   const Shape& shape() const { return impl_->shape_; }

@@ -29,13 +29,20 @@ CudaBackend::CudaBackend(int device_index, CudaOptions options) : index_(device_
   DPTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
   DPTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
   DPTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming));
-  for (Pinned* p : {&upload_[0], &upload_[1], &download_})
+  for (Pinned* p : {&upload_[0], &upload_[1], &batch_upload_[0], &batch_upload_[1], &download_})
     DPTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming));
   // Keep what is freed: a steady-state step then reuses the pool's blocks and never asks the driver.
   cudaMemPool_t pool;
   DPTRAIN_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, index_));
   uint64_t keep_everything = std::numeric_limits<uint64_t>::max();
   DPTRAIN_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_everything));
+  cudaMemPoolProps upload_props{};
+  upload_props.allocType = cudaMemAllocationTypePinned;
+  upload_props.location.type = cudaMemLocationTypeDevice;
+  upload_props.location.id = index_;
+  DPTRAIN_CUDA_CHECK(cudaMemPoolCreate(&upload_pool_, &upload_props));
+  DPTRAIN_CUDA_CHECK(
+      cudaMemPoolSetAttribute(upload_pool_, cudaMemPoolAttrReleaseThreshold, &keep_everything));
   DPTRAIN_CUBLAS_CHECK(cublasCreate(&cublas_));
   DPTRAIN_CUBLAS_CHECK(cublasSetStream(cublas_, compute_));
   // Plain fp32 unless TF32 is asked for: the results then agree with the CPU to float rounding.
@@ -48,9 +55,11 @@ CudaBackend::CudaBackend(int device_index, CudaOptions options) : index_(device_
 
 CudaBackend::~CudaBackend() {
   release_cached();
-  for (Pinned* p : {&upload_[0], &upload_[1], &download_})
+  for (Pinned* p : {&upload_[0], &upload_[1], &batch_upload_[0], &batch_upload_[1], &download_})
     if (p->done) cudaEventDestroy(p->done);
   cudaEventDestroy(compute_ready_);
+  // Blocks still allocated (a batch tensor outliving the backend) defer the pool's end to their free.
+  if (upload_pool_) cudaMemPoolDestroy(upload_pool_);
   cudaStreamDestroy(copy_);
   cudaStreamDestroy(compute_);
 }
@@ -71,7 +80,7 @@ void CudaBackend::release_cached() {
     if (s->data) cudaFree(s->data);
     *s = {};
   }
-  for (Pinned* p : {&upload_[0], &upload_[1], &download_}) {
+  for (Pinned* p : {&upload_[0], &upload_[1], &batch_upload_[0], &batch_upload_[1], &download_}) {
     if (p->done) cudaEventSynchronize(p->done);
     if (p->data) cudaFreeHost(p->data);
     p->data = nullptr;
@@ -149,15 +158,21 @@ void* CudaBackend::pinned(Pinned& p, std::size_t bytes) {
   return p.data;
 }
 
-void CudaBackend::copy_from_host(void* dst, const void* host_src, std::size_t bytes) {
-  make_current();
-  if (bytes == 0) return;
-  // Two pinned buffers in turn: the host fills one while the copy engine may still read the other.
-  Pinned& slot = upload_[next_upload_];
-  next_upload_ ^= 1;
+// Two pinned buffers in turn: the host fills one while the copy engine may still read the other.
+void* CudaBackend::stage(Pinned (&pair)[2], int& next, const void* host_src, std::size_t bytes) {
+  Pinned& slot = pair[next];
+  next ^= 1;
   DPTRAIN_CUDA_CHECK(cudaEventSynchronize(slot.done));
   void* staging = pinned(slot, bytes);
   std::memcpy(staging, host_src, bytes);
+  return staging;
+}
+
+void CudaBackend::copy_from_host(void* dst, const void* host_src, std::size_t bytes) {
+  make_current();
+  if (bytes == 0) return;
+  Pinned& slot = upload_[next_upload_];
+  void* staging = stage(upload_, next_upload_, host_src, bytes);
   // `dst` is ordered on the compute stream (allocated or last used there): the copy waits for it,
   // and the compute stream waits for the copy.
   DPTRAIN_CUDA_CHECK(cudaEventRecord(compute_ready_, compute_));
@@ -165,6 +180,22 @@ void CudaBackend::copy_from_host(void* dst, const void* host_src, std::size_t by
   DPTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, staging, bytes, cudaMemcpyHostToDevice, copy_));
   DPTRAIN_CUDA_CHECK(cudaEventRecord(slot.done, copy_));
   DPTRAIN_CUDA_CHECK(cudaStreamWaitEvent(compute_, slot.done, 0));
+}
+
+void* CudaBackend::upload(const void* host_src, std::size_t bytes) {
+  make_current();
+  if (bytes == 0) return nullptr;
+  Pinned& slot = batch_upload_[next_batch_upload_];
+  void* staging = stage(batch_upload_, next_batch_upload_, host_src, bytes);
+  // A block of the upload pool, free in the copy stream's order: a batch released by the compute
+  // stream (its last reader) becomes reusable once that stream passes the release, so the copy waits
+  // for the step that read it, not for everything queued since.
+  void* dst = nullptr;
+  DPTRAIN_CUDA_CHECK(cudaMallocFromPoolAsync(&dst, bytes, upload_pool_, copy_));
+  DPTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, staging, bytes, cudaMemcpyHostToDevice, copy_));
+  DPTRAIN_CUDA_CHECK(cudaEventRecord(slot.done, copy_));
+  DPTRAIN_CUDA_CHECK(cudaStreamWaitEvent(compute_, slot.done, 0));
+  return dst;
 }
 
 void CudaBackend::copy_to_host(void* host_dst, const void* src, std::size_t bytes) {
@@ -478,8 +509,8 @@ void CudaBackend::conv2d(const float* x, const float* w, const float* bias, floa
     cuda::add_bias(y, bias, y, {g.batch, g.out_channels, g.out_h * g.out_w}, g.fuse_relu, compute_);
 }
 
-void CudaBackend::conv2d_backward(const float* gy, const float* x, const float* w, const float* y, float* gx,
-                                  float* gw, float* gbias, const Conv2dGeometry& g) {
+void CudaBackend::conv2d_backward(const float* gy, const float* x, const float* w, const float* y,
+                                  GradientOut gx, float* gw, float* gbias, const Conv2dGeometry& g) {
   make_current();
   if (g.batch == 0) return;
   ConvPlan& plan = conv_plan(g);
@@ -502,12 +533,15 @@ void CudaBackend::conv2d_backward(const float* gy, const float* x, const float* 
                                                        static_cast<cudnnConvolutionBwdFilterAlgo_t>(a.algo),
                                                        workspace, a.workspace, &one, plan.w, gw);
                });
+  // beta 0 where gx is to be written: cuDNN then does not read it (a new buffer holds garbage).
+  const float zero = 0;
+  const float* keep_gx = gx.overwrite ? &zero : &one;
   if (gx)
     run_ranked(plan, plan.backward_data, plan.data_at, "cudnnConvolutionBackwardData",
                [&](const ConvAlgorithm& a, void* workspace) {
                  return cudnnConvolutionBackwardData(cudnn_, &one, plan.w, w, plan.y, grad, plan.conv,
                                                      static_cast<cudnnConvolutionBwdDataAlgo_t>(a.algo),
-                                                     workspace, a.workspace, &one, plan.x, gx);
+                                                     workspace, a.workspace, keep_gx, plan.x, gx.data);
                });
 }
 
@@ -521,6 +555,20 @@ void CudaBackend::maxpool2d_backward(const float* gy, const int32_t* argmax, flo
                                      const Pool2dGeometry& g) {
   make_current();
   cuda::maxpool2d_backward(gy, argmax, gx, g, compute_);
+}
+void CudaBackend::conv2d_relu_maxpool_backward(const float* gy, const int32_t* argmax, const float* y,
+                                               const float* x, const float* w, float* gx, float* gw,
+                                               float* gbias, const ConvPoolGeometry& g) {
+  make_current();
+  if (g.conv.batch == 0) return;
+  // The conv output's gradient comes masked already: the convolution's backward runs without ReLU,
+  // so relu_mask_ (used only with it) holds that gradient meanwhile.
+  const int64_t n = g.conv.batch * g.conv.out_channels * g.conv.pixels();
+  float* gconv = static_cast<float*>(scratch(relu_mask_, sizeof(float) * n));
+  cuda::maxpool_relu_backward(gy, argmax, y, gconv, g.pool, compute_);
+  Conv2dGeometry unmasked = g.conv;
+  unmasked.fuse_relu = false;
+  conv2d_backward(gconv, x, w, nullptr, gx, gw, gbias, unmasked);
 }
 void CudaBackend::batchnorm_sums(const float* x, double* sums, BatchNormShape s) {
   make_current();
@@ -550,14 +598,14 @@ void CudaBackend::batchnorm_normalize(const float* x, const float* stats, const 
 }
 void CudaBackend::batchnorm_backward_reduce(const float* gy, const float* relu_y, const float* x,
                                             const float* stats, double* grad_sums, float* ggamma,
-                                            float* gbeta, float* gresidual, BatchNormShape s) {
+                                            float* gbeta, GradientOut gresidual, BatchNormShape s) {
   make_current();
   cuda::batchnorm_backward_reduce(gy, relu_y, x, stats, grad_sums, ggamma, gbeta, gresidual, s,
                                   reduction_buffer(batchnorm_partials(s)), compute_);
 }
 void CudaBackend::batchnorm_backward_input(const float* gy, const float* relu_y, const float* x,
                                            const float* stats, const float* gamma, const double* grad_sums,
-                                           const double* sums, float* gx, BatchNormShape s) {
+                                           const double* sums, GradientOut gx, BatchNormShape s) {
   make_current();
   cuda::batchnorm_backward_input(gy, relu_y, x, stats, gamma, grad_sums, sums, gx, s, compute_);
 }

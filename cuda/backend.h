@@ -3,7 +3,10 @@
 // algorithms chosen once per shape, everything else on the kernels of cuda/kernels.cu. Work runs
 // in order on one compute stream; host-to-device copies go through two pinned buffers on a copy
 // stream, asynchronously for the host (which fills the next buffer meanwhile), ordered after the
-// compute work queued before them and before the work queued after. Memory is stream-ordered
+// compute work queued before them and before the work queued after. upload() (a batch) has a pair of
+// pinned buffers and a memory pool of its own, so that its copy waits only for the release of an
+// earlier upload, not for the compute queued before it: the next batch's copy overlaps the step
+// before. Memory is stream-ordered
 // (cudaMallocAsync on a pool that keeps what is freed), so a steady-state step calls the driver's
 // allocator zero times and a block is reused only in stream order.
 // Internal to cuda/: the trainer reaches it through backend_for(Device::cuda(i)).
@@ -50,6 +53,7 @@ class CudaBackend final : public Backend {
   void* allocate(std::size_t bytes) override;
   void release(void* pointer, std::size_t bytes) override;
   void copy_from_host(void* dst, const void* host_src, std::size_t bytes) override;
+  void* upload(const void* host_src, std::size_t bytes) override;
   void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override;
   void copy(void* dst, const void* src, std::size_t bytes) override;
   void fill(float* dst, int64_t n, float value) override;
@@ -64,11 +68,15 @@ class CudaBackend final : public Backend {
   void add_bias(const float* x, const float* bias, float* y, BiasShape s) override;
   void add_bias_backward(const float* gy, float* gx, float* gbias, BiasShape s) override;
   void conv2d(const float* x, const float* w, const float* bias, float* y, const Conv2dGeometry& g) override;
-  void conv2d_backward(const float* gy, const float* x, const float* w, const float* y, float* gx, float* gw,
-                       float* gbias, const Conv2dGeometry& g) override;
+  void conv2d_backward(const float* gy, const float* x, const float* w, const float* y, GradientOut gx,
+                       float* gw, float* gbias, const Conv2dGeometry& g) override;
   void maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& g) override;
   void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx,
                           const Pool2dGeometry& g) override;
+  // The pooling and ReLU backward in one kernel (cuda::maxpool_relu_backward), then the convolution's.
+  void conv2d_relu_maxpool_backward(const float* gy, const int32_t* argmax, const float* y, const float* x,
+                                    const float* w, float* gx, float* gw, float* gbias,
+                                    const ConvPoolGeometry& g) override;
   void batchnorm_sums(const float* x, double* sums, BatchNormShape s) override;
   void batchnorm_squares(const float* x, const double* sums, double* squares, BatchNormShape s) override;
   void batchnorm_batch_stats(const double* sums, const double* squares, float* stats, float* running_mean,
@@ -78,11 +86,11 @@ class CudaBackend final : public Backend {
   void batchnorm_normalize(const float* x, const float* stats, const float* gamma, const float* beta,
                            float* y, BatchNormShape s, BatchNormEpilogue epilogue) override;
   void batchnorm_backward_reduce(const float* gy, const float* relu_y, const float* x, const float* stats,
-                                 double* grad_sums, float* ggamma, float* gbeta, float* gresidual,
+                                 double* grad_sums, float* ggamma, float* gbeta, GradientOut gresidual,
                                  BatchNormShape s) override;
   void batchnorm_backward_input(const float* gy, const float* relu_y, const float* x, const float* stats,
-                                const float* gamma, const double* grad_sums, const double* sums, float* gx,
-                                BatchNormShape s) override;
+                                const float* gamma, const double* grad_sums, const double* sums,
+                                GradientOut gx, BatchNormShape s) override;
   void mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size) override;
   void mean_planes_backward(const float* gy, float* gx, int64_t planes, int64_t plane_size) override;
   void activation(Activation f, const float* x, float* y, int64_t n) override;
@@ -131,6 +139,9 @@ class CudaBackend final : public Backend {
     cudaEvent_t done = nullptr;
   };
   void* pinned(Pinned& p, std::size_t bytes);
+  // The next of a pair of pinned buffers, once the copy that last read it is done, holding `bytes`
+  // of host memory.
+  void* stage(Pinned (&pair)[2], int& next, const void* host_src, std::size_t bytes);
   const int32_t* upload_labels(std::span<const int32_t> labels);
 
   struct ConvPlan;  // descriptors and algorithms of one convolution shape
@@ -149,8 +160,9 @@ class CudaBackend final : public Backend {
   cublasLtHandle_t cublas_lt_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
   Scratch workspace_, labels_, relu_mask_, row_loss_, partials_, flag_, reduction_;
-  Pinned upload_[2], download_;
-  int next_upload_ = 0;
+  Pinned upload_[2], batch_upload_[2], download_;
+  int next_upload_ = 0, next_batch_upload_ = 0;
+  cudaMemPool_t upload_pool_ = nullptr;  // upload()'s blocks, allocated in the copy stream's order
   int pinned_allocations_ = 0;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int>,
            std::unique_ptr<ConvPlan>>

@@ -133,25 +133,48 @@ __global__ void maxpool_kernel(const float* __restrict__ x, float* __restrict__ 
   }
 }
 
-// One thread per input element: the outputs whose windows cover it, in output (row-major) order.
+// won(o) for every output o whose window covers input element idx and chose it, in output
+// (row-major) order: the gather behind max-pooling's backward, one thread per input element.
+template <typename Won>
+__device__ void for_each_window_won(const int32_t* __restrict__ argmax, const Pool2dGeometry& g, int64_t idx,
+                                    Won won) {
+  const int64_t in_plane = g.height * g.width, out_plane = g.out_h * g.out_w;
+  const int64_t p = idx / in_plane, local = idx % in_plane;
+  // In padded coordinates: output rows oh with oh * stride <= ih + padding < oh * stride + kernel.
+  const int64_t ih = local / g.width + g.padding, iw = local % g.width + g.padding;
+  const int64_t oh_first = ih >= g.kernel ? (ih - g.kernel) / g.stride + 1 : 0;
+  const int64_t oh_last = min(ih / g.stride, g.out_h - 1);
+  const int64_t ow_first = iw >= g.kernel ? (iw - g.kernel) / g.stride + 1 : 0;
+  const int64_t ow_last = min(iw / g.stride, g.out_w - 1);
+  for (int64_t oh = oh_first; oh <= oh_last; ++oh)
+    for (int64_t ow = ow_first; ow <= ow_last; ++ow) {
+      const int64_t o = p * out_plane + oh * g.out_w + ow;
+      if (argmax[o] == local) won(o);
+    }
+}
+
 __global__ void maxpool_backward_kernel(const float* __restrict__ gy, const int32_t* __restrict__ argmax,
                                         float* __restrict__ gx, Pool2dGeometry g) {
-  const int64_t in_plane = g.height * g.width, out_plane = g.out_h * g.out_w, n = g.planes * in_plane;
+  const int64_t n = g.planes * g.height * g.width;
   for (int64_t idx = first_index(); idx < n; idx += grid_stride()) {
-    const int64_t p = idx / in_plane, local = idx % in_plane;
-    // In padded coordinates: output rows oh with oh * stride <= ih + padding < oh * stride + kernel.
-    const int64_t ih = local / g.width + g.padding, iw = local % g.width + g.padding;
-    const int64_t oh_first = ih >= g.kernel ? (ih - g.kernel) / g.stride + 1 : 0;
-    const int64_t oh_last = min(ih / g.stride, g.out_h - 1);
-    const int64_t ow_first = iw >= g.kernel ? (iw - g.kernel) / g.stride + 1 : 0;
-    const int64_t ow_last = min(iw / g.stride, g.out_w - 1);
     float acc = gx[idx];
-    for (int64_t oh = oh_first; oh <= oh_last; ++oh)
-      for (int64_t ow = ow_first; ow <= ow_last; ++ow) {
-        const int64_t o = p * out_plane + oh * g.out_w + ow;
-        if (argmax[o] == local) acc += gy[o];
-      }
+    for_each_window_won(argmax, g, idx, [&](int64_t o) { acc += gy[o]; });
     gx[idx] = acc;
+  }
+}
+
+// maxpool_backward_kernel twice over (gy and the pooled y, each from 0) and ReLU's mask, written.
+__global__ void maxpool_relu_backward_kernel(const float* __restrict__ gy, const int32_t* __restrict__ argmax,
+                                             const float* __restrict__ y, float* __restrict__ gconv,
+                                             Pool2dGeometry g) {
+  const int64_t n = g.planes * g.height * g.width;
+  for (int64_t idx = first_index(); idx < n; idx += grid_stride()) {
+    float gradient = 0.0f, pooled = 0.0f;
+    for_each_window_won(argmax, g, idx, [&](int64_t o) {
+      gradient += gy[o];
+      pooled += y[o];
+    });
+    gconv[idx] = pooled > 0.0f ? gradient : 0.0f;
   }
 }
 
@@ -255,10 +278,13 @@ __device__ float normalized_gradient(const float* __restrict__ gy, const float* 
   return relu_y ? relu_gradient(gy[i], relu_y[i]) : gy[i];
 }
 
-// Both sums in one pass over gy and x (two passes read gy twice).
+// Both sums in one pass over gy and x (two passes read gy twice), and on the way, with gresidual,
+// the residual's gradient g (a pass of its own would read gy and y again); written as 0 + g, the
+// bits of adding into zeros, where overwrite_residual says the buffer is new.
 __global__ void batchnorm_partial_backward_kernel(
     const float* __restrict__ gy, const float* __restrict__ relu_y, const float* __restrict__ x,
-    const float* __restrict__ stats, double* __restrict__ partials, BatchNormShape s, int splits) {
+    const float* __restrict__ stats, float* __restrict__ gresidual, bool overwrite_residual,
+    double* __restrict__ partials, BatchNormShape s, int splits) {
   __shared__ double shared[kThreads];
   const int64_t c = blockIdx.y;
   const float mean = stats[c];
@@ -269,7 +295,9 @@ __global__ void batchnorm_partial_backward_kernel(
   visit_split(
       s, c, split_of(s, splits),
       [&](int64_t at) {
-        return GradientAndInput{normalized_gradient(gy, relu_y, at), x[at]};
+        const float g = normalized_gradient(gy, relu_y, at);
+        if (gresidual) gresidual[at] = (overwrite_residual ? 0.0f : gresidual[at]) + g;
+        return GradientAndInput{g, x[at]};
       },
       [&](GradientAndInput v) {
         sum_gy += static_cast<double>(v.g);
@@ -343,27 +371,21 @@ __global__ void batchnorm_normalize_kernel(const float* __restrict__ x, const fl
   }
 }
 
-__global__ void batchnorm_residual_gradient_kernel(const float* __restrict__ gy,
-                                                   const float* __restrict__ relu_y,
-                                                   float* __restrict__ gresidual, int64_t n) {
-  for (int64_t i = first_index(); i < n; i += grid_stride())
-    gresidual[i] += normalized_gradient(gy, relu_y, i);
-}
-
 // grad_sums null: fixed statistics (evaluation), gx += gamma invstd gy.
 template <typename Index>
 __global__ void batchnorm_backward_input_kernel(
     const float* __restrict__ gy, const float* __restrict__ relu_y, const float* __restrict__ x,
     const float* __restrict__ stats, const float* __restrict__ gamma, const double* __restrict__ grad_sums,
-    const double* __restrict__ sums, float* __restrict__ gx, BatchNormShape s) {
+    const double* __restrict__ sums, float* __restrict__ gx, bool overwrite, BatchNormShape s) {
   const Index n = static_cast<Index>(s.batch * s.channels * s.inner), inner = static_cast<Index>(s.inner),
               channels = static_cast<Index>(s.channels);
   for (Index i = static_cast<Index>(first_index()); i < n; i += static_cast<Index>(grid_stride())) {
     const Index c = (i / inner) % channels;
     const float mean = stats[c], invstd = stats[s.channels + c], scale = gamma[c] * invstd;
     const float g = normalized_gradient(gy, relu_y, static_cast<int64_t>(i));
+    const float held = overwrite ? 0.0f : gx[i];  // 0 + v when written: the bits of adding into zeros
     if (grad_sums == nullptr) {
-      gx[i] += scale * g;
+      gx[i] = held + scale * g;
       continue;
     }
     const double count = sums[s.channels];
@@ -371,7 +393,7 @@ __global__ void batchnorm_backward_input_kernel(
     const auto mean_gy_xmu = static_cast<float>(grad_sums[s.channels + c] / count);
     const float slope = -scale * invstd * invstd * mean_gy_xmu;
     const float offset = -scale * mean_gy - slope * mean;
-    gx[i] += g * scale + x[i] * slope + offset;
+    gx[i] = held + (g * scale + x[i] * slope + offset);
   }
 }
 
@@ -636,6 +658,12 @@ void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx, const
   DPTRAIN_LAUNCH(maxpool_backward_kernel, g.planes * g.height * g.width, stream, gy, argmax, gx, g);
 }
 
+void maxpool_relu_backward(const float* gy, const int32_t* argmax, const float* y, float* gconv,
+                           const Pool2dGeometry& g, cudaStream_t stream) {
+  DPTRAIN_LAUNCH(maxpool_relu_backward_kernel, g.planes * g.height * g.width, stream, gy, argmax, y, gconv,
+                 g);
+}
+
 namespace {
 // Blocks per channel: about four waves of blocks on an H100's 132 SMs, at most one per sample.
 int batchnorm_splits(BatchNormShape s) {
@@ -695,25 +723,22 @@ void batchnorm_normalize(const float* x, const float* stats, const float* gamma,
 }
 
 void batchnorm_backward_reduce(const float* gy, const float* relu_y, const float* x, const float* stats,
-                               double* grad_sums, float* ggamma, float* gbeta, float* gresidual,
+                               double* grad_sums, float* ggamma, float* gbeta, GradientOut gresidual,
                                BatchNormShape s, double* partials, cudaStream_t stream) {
   if (s.channels == 0) return;
   const int splits = batchnorm_splits(s);
-  batchnorm_partial_backward_kernel<<<batchnorm_grid(s), kThreads, 0, stream>>>(gy, relu_y, x, stats,
-                                                                                partials, s, splits);
+  batchnorm_partial_backward_kernel<<<batchnorm_grid(s), kThreads, 0, stream>>>(
+      gy, relu_y, x, stats, gresidual.data, gresidual.overwrite, partials, s, splits);
   DPTRAIN_CUDA_CHECK_LAUNCH("batchnorm_partial_backward_kernel");
   DPTRAIN_LAUNCH(batchnorm_finish_backward_kernel, s.channels, stream, partials, stats, grad_sums, ggamma,
                  gbeta, s.channels, splits);
-  if (gresidual)
-    DPTRAIN_LAUNCH(batchnorm_residual_gradient_kernel, s.batch * s.channels * s.inner, stream, gy, relu_y,
-                   gresidual, s.batch * s.channels * s.inner);
 }
 
 void batchnorm_backward_input(const float* gy, const float* relu_y, const float* x, const float* stats,
-                              const float* gamma, const double* grad_sums, const double* sums, float* gx,
+                              const float* gamma, const double* grad_sums, const double* sums, GradientOut gx,
                               BatchNormShape s, cudaStream_t stream) {
   DPTRAIN_LAUNCH_INDEXED(batchnorm_backward_input_kernel, s.batch * s.channels * s.inner, stream, gy, relu_y,
-                         x, stats, gamma, grad_sums, sums, gx, s);
+                         x, stats, gamma, grad_sums, sums, gx.data, gx.overwrite, s);
 }
 
 void mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size, cudaStream_t stream) {

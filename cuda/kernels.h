@@ -34,6 +34,12 @@ void maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& 
 // sequence of additions, so the result is bitwise the CPU's even where windows overlap.
 void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx, const Pool2dGeometry& g,
                         cudaStream_t stream);
+// conv2d_relu_maxpool's backward as far as the convolution: per conv output element, the gradients
+// of the windows it won (maxpool2d_backward's order) where ReLU let it through (the windows' pooled
+// y, summed the same way, > 0), written whole. Bitwise the backend defaults' two scatters into zeroed
+// buffers and the ReLU mask, in one pass instead of eight over conv-sized tensors.
+void maxpool_relu_backward(const float* gy, const int32_t* argmax, const float* y, float* gconv,
+                           const Pool2dGeometry& g, cudaStream_t stream);
 
 // Batch normalisation in the buffers of BatchNormShape. Per-channel sums are in double, each channel
 // cut by samples into batchnorm_splits(s) blocks (enough blocks to fill the GPU when the channels
@@ -51,10 +57,10 @@ void batchnorm_running_stats(const float* running_mean, const float* running_var
 void batchnorm_normalize(const float* x, const float* stats, const float* gamma, const float* beta, float* y,
                          BatchNormShape s, BatchNormEpilogue epilogue, cudaStream_t stream);
 void batchnorm_backward_reduce(const float* gy, const float* relu_y, const float* x, const float* stats,
-                               double* grad_sums, float* ggamma, float* gbeta, float* gresidual,
+                               double* grad_sums, float* ggamma, float* gbeta, GradientOut gresidual,
                                BatchNormShape s, double* partials, cudaStream_t stream);
 void batchnorm_backward_input(const float* gy, const float* relu_y, const float* x, const float* stats,
-                              const float* gamma, const double* grad_sums, const double* sums, float* gx,
+                              const float* gamma, const double* grad_sums, const double* sums, GradientOut gx,
                               BatchNormShape s, cudaStream_t stream);
 void mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size, cudaStream_t stream);
 void mean_planes_backward(const float* gy, float* gx, int64_t planes, int64_t plane_size,

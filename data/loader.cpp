@@ -15,10 +15,10 @@ constexpr int kMaxReplacements = 16;
 
 }  // namespace
 
-int default_workers(ReadCost cost, int ranks_on_host) {
+int default_workers(ReadCost cost, int ranks_on_host, bool feeds_gpu) {
   switch (cost) {
     case ReadCost::kMemory:
-      return 0;
+      return feeds_gpu ? 1 : 0;
     case ReadCost::kFile:
       return 1;
     case ReadCost::kDecode:

@@ -81,18 +81,20 @@ std::vector<float> per_channel(const Json& value) {
 }
 
 data::LoaderOptions loader_options(const Config& c, const data::Dataset& dataset,
-                                   const distributed::World& world, bool train) {
+                                   const distributed::World& world, Device device, bool train) {
   const DataConfig& d = c.data;
-  return {.workers = static_cast<int>(
-              d.workers >= 0 ? d.workers : data::default_workers(dataset.read_cost(), world.local_size())),
-          .prefetch = static_cast<int>(d.prefetch),
-          .mean = per_channel(d.mean),
-          .std = per_channel(d.std),
-          .augmentation = train ? data::Augmentation{.crop_padding = d.augment.random_crop_padding,
-                                                     .horizontal_flip = d.augment.horizontal_flip}
-                                : data::Augmentation{},
-          .seed = c.seed,
-          .skip_bad_samples = d.on_bad_sample == OnBadSample::kSkip};
+  return {
+      .workers = static_cast<int>(
+          d.workers >= 0 ? d.workers
+                         : data::default_workers(dataset.read_cost(), world.local_size(), !device.is_host())),
+      .prefetch = static_cast<int>(d.prefetch),
+      .mean = per_channel(d.mean),
+      .std = per_channel(d.std),
+      .augmentation = train ? data::Augmentation{.crop_padding = d.augment.random_crop_padding,
+                                                 .horizontal_flip = d.augment.horizontal_flip}
+                            : data::Augmentation{},
+      .seed = c.seed,
+      .skip_bad_samples = d.on_bad_sample == OnBadSample::kSkip};
 }
 
 std::string describe_loader(const Config& c, const data::BatchLoader& loader) {
@@ -225,10 +227,10 @@ Trainer::Trainer(const Config& config, const distributed::World& world)
       fault_(InjectedFault::from_environment()),
       checkpoints_(config.checkpoint, world.rank(), fault_) {
   check_data_fits(config, *train_set_, *test_set_, sampler_, world);
-  train_loader_ =
-      std::make_unique<data::BatchLoader>(*train_set_, loader_options(config, *train_set_, world, true));
-  test_loader_ =
-      std::make_unique<data::BatchLoader>(*test_set_, loader_options(config, *test_set_, world, false));
+  train_loader_ = std::make_unique<data::BatchLoader>(
+      *train_set_, loader_options(config, *train_set_, world, device_, true));
+  test_loader_ = std::make_unique<data::BatchLoader>(
+      *test_set_, loader_options(config, *test_set_, world, device_, false));
   parameters_ = std::make_unique<FlatParameters>(model_->named_parameters(), device_, [&](std::size_t bytes) {
     return state_comm_->allocate_reduction_buffer(bytes, device_);
   });

@@ -154,8 +154,8 @@ void Trainer::flush_metrics(StepTotals& totals) {
 }
 
 // The loader's batch copied into tensors of the run's device: on a GPU straight from the loader's
-// slot (one copy into pinned staging, then an asynchronous upload). Host buffers come from the
-// storage cache, so steady-state steps do not allocate.
+// slot (one copy into pinned staging, then an upload that overlaps the step before: Backend::upload).
+// Host buffers come from the storage cache, so steady-state steps do not allocate.
 void Trainer::load_batch(data::BatchLoader& loader, std::span<const int64_t> indices) {
   const data::BatchView batch = loader.take();
   const int64_t n = batch.samples, width = loader.dataset().target_width();
@@ -165,16 +165,8 @@ void Trainer::load_batch(data::BatchLoader& loader, std::span<const int64_t> ind
   const Shape& sample = loader.dataset().sample_shape();
   shape.insert(shape.end(), sample.begin(), sample.end());
   batch_.labels.assign(batch.labels.begin(), batch.labels.end());
-  const auto to_tensor = [&](Shape tensor_shape, std::span<const float> values) {
-    Tensor t = Tensor::empty(std::move(tensor_shape), device_);
-    if (device_.is_host())
-      std::copy(values.begin(), values.end(), t.data());
-    else
-      backend_for(device_).copy_from_host(t.data_ptr(), values.data(), values.size_bytes());
-    return t;
-  };
-  batch_.inputs = to_tensor(shape, batch.inputs);
-  batch_.targets = width > 0 ? to_tensor({n, width}, batch.targets) : Tensor();
+  batch_.inputs = Tensor::from_host(shape, batch.inputs, device_);
+  batch_.targets = width > 0 ? Tensor::from_host({n, width}, batch.targets, device_) : Tensor();
 }
 
 // Each rank reports its own: which files are bad differs with the shard a rank reads.

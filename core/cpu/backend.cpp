@@ -64,8 +64,8 @@ void CpuBackend::conv2d(const float* x, const float* w, const float* bias, float
                         const Conv2dGeometry& g) {
   cpu::conv2d(x, w, bias, y, g);
 }
-void CpuBackend::conv2d_backward(const float* gy, const float* x, const float* w, const float* y, float* gx,
-                                 float* gw, float* gbias, const Conv2dGeometry& g) {
+void CpuBackend::conv2d_backward(const float* gy, const float* x, const float* w, const float* y,
+                                 GradientOut gx, float* gw, float* gbias, const Conv2dGeometry& g) {
   cpu::conv2d_backward(gy, x, w, y, gx, gw, gbias, g);
 }
 void CpuBackend::maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& g) {
@@ -137,12 +137,12 @@ void CpuBackend::batchnorm_normalize(const float* x, const float* stats, const f
 }
 void CpuBackend::batchnorm_backward_reduce(const float* gy, const float* relu_y, const float* x,
                                            const float* stats, double* grad_sums, float* ggamma, float* gbeta,
-                                           float* gresidual, BatchNormShape s) {
+                                           GradientOut gresidual, BatchNormShape s) {
   cpu::batchnorm_backward_reduce(gy, relu_y, x, stats, grad_sums, ggamma, gbeta, gresidual, s);
 }
 void CpuBackend::batchnorm_backward_input(const float* gy, const float* relu_y, const float* x,
                                           const float* stats, const float* gamma, const double* grad_sums,
-                                          const double* sums, float* gx, BatchNormShape s) {
+                                          const double* sums, GradientOut gx, BatchNormShape s) {
   cpu::batchnorm_backward_input(gy, relu_y, x, stats, gamma, grad_sums, sums, gx, s);
 }
 void CpuBackend::mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size) {

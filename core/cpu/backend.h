@@ -33,8 +33,8 @@ class CpuBackend final : public HostMemory {
   void add_bias(const float* x, const float* bias, float* y, BiasShape s) override;
   void add_bias_backward(const float* gy, float* gx, float* gbias, BiasShape s) override;
   void conv2d(const float* x, const float* w, const float* bias, float* y, const Conv2dGeometry& g) override;
-  void conv2d_backward(const float* gy, const float* x, const float* w, const float* y, float* gx, float* gw,
-                       float* gbias, const Conv2dGeometry& g) override;
+  void conv2d_backward(const float* gy, const float* x, const float* w, const float* y, GradientOut gx,
+                       float* gw, float* gbias, const Conv2dGeometry& g) override;
   void maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& g) override;
   void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx,
                           const Pool2dGeometry& g) override;
@@ -52,11 +52,11 @@ class CpuBackend final : public HostMemory {
   void batchnorm_normalize(const float* x, const float* stats, const float* gamma, const float* beta,
                            float* y, BatchNormShape s, BatchNormEpilogue epilogue) override;
   void batchnorm_backward_reduce(const float* gy, const float* relu_y, const float* x, const float* stats,
-                                 double* grad_sums, float* ggamma, float* gbeta, float* gresidual,
+                                 double* grad_sums, float* ggamma, float* gbeta, GradientOut gresidual,
                                  BatchNormShape s) override;
   void batchnorm_backward_input(const float* gy, const float* relu_y, const float* x, const float* stats,
-                                const float* gamma, const double* grad_sums, const double* sums, float* gx,
-                                BatchNormShape s) override;
+                                const float* gamma, const double* grad_sums, const double* sums,
+                                GradientOut gx, BatchNormShape s) override;
   void mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size) override;
   void mean_planes_backward(const float* gy, float* gx, int64_t planes, int64_t plane_size) override;
   void activation(Activation f, const float* x, float* y, int64_t n) override;

@@ -116,7 +116,9 @@ void normalize(const float* x, const float* stats, const float* gamma, const flo
 
 template <bool kRelu, bool kResidual>
 void backward_reduce(const float* gy, const float* relu_y, const float* x, const float* stats,
-                     double* grad_sums, float* ggamma, float* gbeta, float* gresidual, BatchNormShape s) {
+                     double* grad_sums, float* ggamma, float* gbeta, GradientOut gresidual,
+                     BatchNormShape s) {
+  const bool add = !gresidual.overwrite;
   for_each_channel(s, [&](int64_t c) {
     // The plane's gradient through the ReLU, while it is in L1 (a ResNet plane is at most 49 kB).
     thread_local std::vector<float> masked;
@@ -133,7 +135,8 @@ void backward_reduce(const float* gy, const float* relu_y, const float* x, const
       }
       if constexpr (kResidual) {
 #pragma omp simd
-        for (int64_t i = 0; i < s.inner; ++i) gresidual[at + i] += g[i];
+        for (int64_t i = 0; i < s.inner; ++i)
+          gresidual.data[at + i] = (add ? gresidual.data[at + i] : 0.0f) + g[i];
       }
       float partial_gy, partial_gy_xmu;
       plane_gradient_sums(g, x + at, mean, s.inner, partial_gy, partial_gy_xmu);
@@ -149,14 +152,17 @@ void backward_reduce(const float* gy, const float* relu_y, const float* x, const
 
 template <bool kRelu>
 void backward_input(const float* gy, const float* relu_y, const float* x, const float* stats,
-                    const float* gamma, const double* grad_sums, const double* sums, float* gx,
+                    const float* gamma, const double* grad_sums, const double* sums, GradientOut gradient,
                     BatchNormShape s) {
   const auto g = [&](int64_t i) { return kRelu ? relu_gradient(gy[i], relu_y[i]) : gy[i]; };
+  // 0 + v where the gradient is written: the bits of adding into zeros.
+  float* gx = gradient.data;
+  const bool add = !gradient.overwrite;
   for_each_plane(s, [&](int64_t c, int64_t at) {
     const float mean = stats[c], invstd = stats[s.channels + c], scale = gamma[c] * invstd;
     if (grad_sums == nullptr) {
 #pragma omp simd
-      for (int64_t i = 0; i < s.inner; ++i) gx[at + i] += scale * g(at + i);
+      for (int64_t i = 0; i < s.inner; ++i) gx[at + i] = (add ? gx[at + i] : 0.0f) + scale * g(at + i);
       return;
     }
     // gx = scale * (g - mean_g - (x - mean) * invstd^2 * mean_g_xmu), written as g * scale +
@@ -167,7 +173,8 @@ void backward_input(const float* gy, const float* relu_y, const float* x, const 
     const float slope = -scale * invstd * invstd * mean_gy_xmu;
     const float offset = -scale * mean_gy - slope * mean;
 #pragma omp simd
-    for (int64_t i = 0; i < s.inner; ++i) gx[at + i] += g(at + i) * scale + x[at + i] * slope + offset;
+    for (int64_t i = 0; i < s.inner; ++i)
+      gx[at + i] = (add ? gx[at + i] : 0.0f) + (g(at + i) * scale + x[at + i] * slope + offset);
   });
 }
 
@@ -181,7 +188,7 @@ void batchnorm_normalize(const float* x, const float* stats, const float* gamma,
 }
 
 void batchnorm_backward_reduce(const float* gy, const float* relu_y, const float* x, const float* stats,
-                               double* grad_sums, float* ggamma, float* gbeta, float* gresidual,
+                               double* grad_sums, float* ggamma, float* gbeta, GradientOut gresidual,
                                BatchNormShape s) {
   const auto run = relu_y ? (gresidual ? backward_reduce<true, true> : backward_reduce<true, false>)
                           : (gresidual ? backward_reduce<false, true> : backward_reduce<false, false>);
@@ -189,7 +196,7 @@ void batchnorm_backward_reduce(const float* gy, const float* relu_y, const float
 }
 
 void batchnorm_backward_input(const float* gy, const float* relu_y, const float* x, const float* stats,
-                              const float* gamma, const double* grad_sums, const double* sums, float* gx,
+                              const float* gamma, const double* grad_sums, const double* sums, GradientOut gx,
                               BatchNormShape s) {
   (relu_y ? backward_input<true> : backward_input<false>)(gy, relu_y, x, stats, gamma, grad_sums, sums, gx,
                                                           s);

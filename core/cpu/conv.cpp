@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <cstring>
 
 #include "core/activation_rules.h"
 #include "core/cpu/conv_direct.h"
@@ -240,12 +241,17 @@ void conv2d(const float* x, const float* w, const float* bias, float* y, const C
       y);
 }
 
-void conv2d_backward(const float* go, const float* x, const float* w, const float* y, float* gx, float* gw,
-                     float* gbias, const Conv2dGeometry& g) {
+void conv2d_backward(const float* go, const float* x, const float* w, const float* y, GradientOut gx,
+                     float* gw, float* gbias, const Conv2dGeometry& g) {
   const int64_t P = g.pixels(), O = g.out_channels;
+  // The kernels below add; a gradient to be written starts from zeros (the CPU spends little on
+  // this: it is the GPU's zeroing pass that overwriting saves).
+  if (gx.overwrite)
+    std::memset(gx.data, 0,
+                sizeof(float) * static_cast<std::size_t>(g.batch * g.channels * g.height * g.width));
   // [batch, O, P] -> the layout the backward kernels read (through ReLU's mask if fused).
   backward_with(
-      g, x, w, gx, gw, gbias,
+      g, x, w, gx.data, gw, gbias,
       [&](int64_t sample, float* to, auto offset_of, int64_t channel_stride) {
         for (int64_t o = 0; o < O; ++o) {
           const int64_t at = (sample * O + o) * P;

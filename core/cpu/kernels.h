@@ -18,8 +18,8 @@ void add_bias(const float* x, const float* bias, float* y, BiasShape s);
 void add_bias_backward(const float* gy, float* gx, float* gbias, BiasShape s);
 
 void conv2d(const float* x, const float* w, const float* bias, float* y, const Conv2dGeometry& g);
-void conv2d_backward(const float* gy, const float* x, const float* w, const float* y, float* gx, float* gw,
-                     float* gbias, const Conv2dGeometry& g);
+void conv2d_backward(const float* gy, const float* x, const float* w, const float* y, GradientOut gx,
+                     float* gw, float* gbias, const Conv2dGeometry& g);
 void maxpool2d(const float* x, float* y, int32_t* argmax, const Pool2dGeometry& g);
 // One plane of maxpool2d (g.planes is not read), on the calling thread: for kernels that pool inside
 // their own parallel loops.
@@ -40,10 +40,10 @@ void batchnorm_running_stats(const float* running_mean, const float* running_var
 void batchnorm_normalize(const float* x, const float* stats, const float* gamma, const float* beta, float* y,
                          BatchNormShape s, BatchNormEpilogue epilogue);
 void batchnorm_backward_reduce(const float* gy, const float* relu_y, const float* x, const float* stats,
-                               double* grad_sums, float* ggamma, float* gbeta, float* gresidual,
+                               double* grad_sums, float* ggamma, float* gbeta, GradientOut gresidual,
                                BatchNormShape s);
 void batchnorm_backward_input(const float* gy, const float* relu_y, const float* x, const float* stats,
-                              const float* gamma, const double* grad_sums, const double* sums, float* gx,
+                              const float* gamma, const double* grad_sums, const double* sums, GradientOut gx,
                               BatchNormShape s);
 void mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size);
 void mean_planes_backward(const float* gy, float* gx, int64_t planes, int64_t plane_size);

@@ -16,6 +16,11 @@ float round_to_float(double v) {
   return static_cast<float>(v);
 }
 
+// What a gradient held before this kernel's contribution: nothing when the kernel writes it.
+float held(GradientOut g, std::size_t i) {
+  return g.overwrite ? 0.0f : g.data[i];
+}
+
 }  // namespace
 
 void ReferenceBackend::matmul(const float* a, const float* b, float* y, MatmulShape s) {
@@ -135,7 +140,7 @@ void ReferenceBackend::conv2d(const float* x, const float* w, const float* bias,
 }
 
 void ReferenceBackend::conv2d_backward(const float* gy, const float* x, const float* w, const float* y,
-                                       float* gx, float* gw, float* gbias, const Conv2dGeometry& g) {
+                                       GradientOut gx, float* gw, float* gbias, const Conv2dGeometry& g) {
   std::vector<double> dx(gx ? static_cast<std::size_t>(g.batch * g.channels * g.height * g.width) : 0);
   std::vector<double> dw(gw ? static_cast<std::size_t>(g.out_channels * g.patch()) : 0);
   std::vector<double> db(gbias ? static_cast<std::size_t>(g.out_channels) : 0);
@@ -152,7 +157,7 @@ void ReferenceBackend::conv2d_backward(const float* gy, const float* x, const fl
             if (gw) dw[wi] += grad * x[in];
           });
         }
-  for (std::size_t i = 0; i < dx.size(); ++i) gx[i] = round_to_float(gx[i] + dx[i]);
+  for (std::size_t i = 0; i < dx.size(); ++i) gx.data[i] = round_to_float(held(gx, i) + dx[i]);
   for (std::size_t i = 0; i < dw.size(); ++i) gw[i] = round_to_float(gw[i] + dw[i]);
   for (std::size_t i = 0; i < db.size(); ++i) gbias[i] = round_to_float(gbias[i] + db[i]);
 }
@@ -251,14 +256,14 @@ void ReferenceBackend::batchnorm_normalize(const float* x, const float* stats, c
 
 void ReferenceBackend::batchnorm_backward_reduce(const float* gy, const float* relu_y, const float* x,
                                                  const float* stats, double* grad_sums, float* ggamma,
-                                                 float* gbeta, float* gresidual, BatchNormShape s) {
+                                                 float* gbeta, GradientOut gresidual, BatchNormShape s) {
   for (int64_t c = 0; c < s.channels; ++c) {
     double sum_gy = 0, sum_gy_xmu = 0;
     for_channel(s, c, [&](int64_t at) {
       const float g = relu_y ? relu_gradient(gy[at], relu_y[at]) : gy[at];
       sum_gy += g;
       sum_gy_xmu += static_cast<double>(g) * (x[at] - static_cast<double>(stats[c]));
-      if (gresidual) gresidual[at] += g;
+      if (gresidual) gresidual.data[at] = held(gresidual, static_cast<std::size_t>(at)) + g;
     });
     grad_sums[c] = sum_gy;
     grad_sums[s.channels + c] = sum_gy_xmu;
@@ -269,7 +274,7 @@ void ReferenceBackend::batchnorm_backward_reduce(const float* gy, const float* r
 
 void ReferenceBackend::batchnorm_backward_input(const float* gy, const float* relu_y, const float* x,
                                                 const float* stats, const float* gamma,
-                                                const double* grad_sums, const double* sums, float* gx,
+                                                const double* grad_sums, const double* sums, GradientOut gx,
                                                 BatchNormShape s) {
   for (int64_t c = 0; c < s.channels; ++c) {
     const double mean = stats[c], invstd = stats[s.channels + c], scale = gamma[c] * invstd;
@@ -279,7 +284,7 @@ void ReferenceBackend::batchnorm_backward_input(const float* gy, const float* re
         const double count = sums[s.channels];
         g -= grad_sums[c] / count + (x[at] - mean) * invstd * invstd * grad_sums[s.channels + c] / count;
       }
-      gx[at] = round_to_float(gx[at] + scale * g);
+      gx.data[at] = round_to_float(held(gx, static_cast<std::size_t>(at)) + scale * g);
     });
   }
 }

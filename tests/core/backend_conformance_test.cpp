@@ -3,7 +3,8 @@
 // double, core/reference/), through the same device-neutral op. Backward starts from a random
 // upstream gradient and runs twice, so every input gradient is compared after accumulating two
 // passes, and the second pass must have added exactly what the first did (gradients accumulate, not
-// overwrite). Both optimizers are run for three steps over flat buffers and compared, state included.
+// overwrite; the first pass writes the new buffers where its kernels take a GradientOut). Both
+// optimizers are run for three steps over flat buffers and compared, state included.
 //
 // Error: ||backend - reference|| / ||reference|| over the tensor (its norm alone when the reference
 // is zero), against a per-case tolerance: 0 means bitwise equal (relu, max-pooling, reshape,
@@ -585,6 +586,118 @@ TEST(Fused, BatchNormAddReluIsItsPartsBitwise) {
             EXPECT_TRUE(within(a.constants_after[0], b.constants_after[0], kExact))
                 << what << ": running mean";
           }
+}
+
+// ---- gradients written rather than added into (GradientOut::overwrite) ----
+
+// A gradient that a kernel is asked to write comes out as adding into zeros does, whatever the
+// buffer held (here NaN, which any read of it spreads): every convolution path of the CPU backend
+// (the direct kernels, im2col, one-sample chunks in place, the fused ReLU) and BatchNorm's input and
+// residual gradients, in training and evaluation. Bitwise on the host backends; on a GPU within
+// kGemm, since cuDNN may take another code path for beta 0.
+TEST(Gradients, WrittenOnesIgnoreWhatTheBufferHeld) {
+  std::vector<Device> devices = devices_under_test();
+  devices.push_back(Device::reference());
+  uint64_t seed = 500;
+  const auto on = [&](Device device, const Shape& shape) {
+    return Tensor::from_data(shape, host_values({shape, Fill::kUniform, true}, ++seed)).to(device);
+  };
+  const auto doubles = [](Device device, const std::vector<double>& values) {
+    StoragePtr s = make_storage(sizeof(double) * values.size(), device);
+    backend_for(device).copy_from_host(s->data(), values.data(), sizeof(double) * values.size());
+    return s;
+  };
+  // The kernel run twice: adding into zeros, then writing over NaN.
+  const auto check_written = [](Device device, const std::string& what, int64_t n,
+                                const std::function<void(GradientOut)>& kernel) {
+    const Tensor added = Tensor::zeros({n}, device), written = Tensor::full({n}, NAN).to(device);
+    kernel({added.data_ptr(), false});
+    kernel({written.data_ptr(), true});
+    const std::vector<float> a = added.to_vector(), w = written.to_vector();
+    const bool gpu = device.type == DeviceType::kCuda;
+    EXPECT_TRUE(gpu ? within(w, a, kGemm) : bitwise_equal(w, a))
+        << device.str() << " " << what << ": written differs from added into zeros by " << error_of(w, a);
+    EXPECT_GT(error_of(a, std::vector<float>(a.size(), 0.0f)), 0) << device.str() << " " << what;
+  };
+  // batch, channels, height, width, out_channels, kernel_h, kernel_w, out_h, out_w, stride, padding, relu
+  const std::vector<std::pair<std::string, Conv2dGeometry>> convolutions = {
+      {"conv 3x3/1, direct", {2, 3, 9, 9, 4, 3, 3, 9, 9, 1, 1, false}},
+      {"conv 3x3/1, direct, ReLU", {2, 3, 9, 9, 4, 3, 3, 9, 9, 1, 1, true}},
+      {"conv 3x3/2, im2col", {2, 8, 9, 9, 5, 3, 3, 4, 4, 2, 0, false}},
+      {"conv 1x1/1, one sample in place", {1, 48, 5, 5, 8, 1, 1, 5, 5, 1, 0, false}},
+  };
+  for (const Device device : devices) {
+    Backend& backend = backend_for(device);
+    for (const auto& [what, g] : convolutions) {
+      const Tensor x = on(device, {g.batch, g.channels, g.height, g.width});
+      const Tensor w = on(device, {g.out_channels, g.channels, g.kernel_h, g.kernel_w});
+      const Tensor y = on(device, {g.batch, g.out_channels, g.out_h, g.out_w});
+      const Tensor gy = on(device, y.shape());
+      check_written(device, what, x.numel(), [&](GradientOut gx) {
+        backend.conv2d_backward(gy.data_ptr(), x.data_ptr(), w.data_ptr(), y.data_ptr(), gx, nullptr, nullptr,
+                                g);
+      });
+    }
+    const BatchNormShape s{4, 3, 35};
+    const Tensor x = on(device, {4, 3, 5, 7}), gy = on(device, x.shape()), relu_y = on(device, x.shape());
+    const Tensor gamma = on(device, {3});
+    const Tensor stats =
+        Tensor::from_data({6}, std::vector<float>{0.1f, -0.2f, 0.3f, 1.5f, 0.8f, 2.0f}).to(device);
+    const StoragePtr sums = doubles(device, {1.0, -2.0, 3.0, 140.0});
+    const StoragePtr grad_sums = doubles(device, {0.5, -1.5, 2.5, 0.25, -0.75, 1.0});
+    const StoragePtr scratch = doubles(device, std::vector<double>(6));
+    for (const bool relu : {false, true}) {
+      const float* mask = relu ? relu_y.data_ptr() : nullptr;
+      const std::string epilogue = relu ? ", ReLU" : "";
+      for (const bool training : {true, false})
+        check_written(device, "batchnorm input" + epilogue + (training ? ", training" : ", evaluation"),
+                      x.numel(), [&](GradientOut gx) {
+                        backend.batchnorm_backward_input(gy.data_ptr(), mask, x.data_ptr(), stats.data_ptr(),
+                                                         gamma.data_ptr(),
+                                                         training ? grad_sums->as<double>() : nullptr,
+                                                         training ? sums->as<double>() : nullptr, gx, s);
+                      });
+      check_written(device, "batchnorm residual" + epilogue, x.numel(), [&](GradientOut gresidual) {
+        backend.batchnorm_backward_reduce(gy.data_ptr(), mask, x.data_ptr(), stats.data_ptr(),
+                                          scratch->as<double>(), nullptr, nullptr, gresidual, s);
+      });
+    }
+  }
+}
+
+// Through the ops: a tensor's first gradient buffer is not zeroed but written by the first kernel
+// to contribute (the host cache hands the convolution's input gradient a block that was left full of
+// NaN), and the second pass adds into it. The host backends, where the cache's reuse is known.
+TEST(Gradients, AFreshBufferIsWrittenByItsFirstContribution) {
+  for (const Device device : {Device::cpu(), Device::reference()}) {
+    autograd::clear_tape();
+    const Shape shape{1, 48, 5, 5};  // the only tensors of 1200 floats below: x and its gradient
+    const Tensor x = Tensor::from_data(shape, host_values({shape, Fill::kUniform, true}, 11)).to(device);
+    const Tensor w = Tensor::from_data({8, 48, 1, 1}, host_values({{8, 48, 1, 1}, Fill::kUniform, true}, 12));
+    x.set_requires_grad(true);
+    std::vector<float> passes[2];
+    for (std::vector<float>& gradient : passes) {
+      {
+        const Tensor left_over = Tensor::full(shape, NAN).to(device);
+        ASSERT_FALSE(left_over.same_as(x));
+      }
+      const Tensor y = ops::conv2d(x, w.to(device), Tensor(), {1, 0, false});
+      autograd::backward(y, Tensor::full(y.shape(), 1.0f).to(device));
+      gradient.resize(static_cast<std::size_t>(x.numel()));
+      backend_for(device).copy_to_host(gradient.data(), x.grad_ptr(), gradient.size() * sizeof(float));
+    }
+    // d(sum y)/dx[c] = sum over the output channels of w[o, c], at every pixel.
+    const std::vector<float> weights = w.to_vector();
+    for (int64_t c = 0; c < 48; ++c) {
+      double expected = 0;
+      for (int64_t o = 0; o < 8; ++o) expected += weights[static_cast<std::size_t>(o * 48 + c)];
+      for (int64_t p = 0; p < 25; ++p) {
+        const std::size_t at = static_cast<std::size_t>(c * 25 + p);
+        EXPECT_NEAR(passes[0][at], expected, 1e-5) << device.str() << " first pass, element " << at;
+        EXPECT_NEAR(passes[1][at], 2 * expected, 2e-5) << device.str() << " second pass, element " << at;
+      }
+    }
+  }
 }
 
 // Max pooling lets NaN win (torch.max_pool2d does) on every backend, inside the plane and on its

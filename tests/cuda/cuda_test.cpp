@@ -134,6 +134,37 @@ TEST(CudaBackendMemory, CopiesRoundTripAtEverySize) {
   }
 }
 
+// upload(): a batch's copy in its own pool, ordered after the release of an earlier batch rather than
+// after the compute queued before it. A released batch's block, reused by the next upload, is only
+// overwritten once the compute stream has passed its last reader (the device-to-device copy here,
+// queued behind a large one so that it is still pending when the next upload is issued).
+TEST(CudaBackendMemory, UploadsReuseABlockOnlyAfterItsLastReader) {
+  REQUIRE_GPU();
+  CudaBackend& b = gpu();
+  constexpr std::size_t kFloats = 3000001, kBytes = kFloats * sizeof(float);
+  void* big = b.allocate(64 * kBytes);
+  void* big_copy = b.allocate(64 * kBytes);
+  std::vector<void*> copies;
+  std::vector<std::vector<float>> batches;
+  for (int i = 0; i < 4; ++i) {
+    batches.push_back(test_util::uniform_values(kFloats, 40 + i));
+    void* batch = b.upload(batches.back().data(), kBytes);
+    b.copy(big_copy, big, 64 * kBytes);  // keeps the compute stream busy
+    copies.push_back(b.allocate(kBytes));
+    b.copy(copies.back(), batch, kBytes);
+    b.release(batch, kBytes);
+  }
+  for (std::size_t i = 0; i < copies.size(); ++i) {
+    std::vector<float> back(kFloats);
+    b.copy_to_host(back.data(), copies[i], kBytes);
+    EXPECT_EQ(back, batches[i]) << "batch " << i;
+    b.release(copies[i], kBytes);
+  }
+  EXPECT_EQ(b.upload(batches[0].data(), 0), nullptr);
+  b.release(big, 0);
+  b.release(big_copy, 0);
+}
+
 // Uploads that grow a little each time (an epoch's batches after a smaller one, evaluation) grow
 // the pinned staging buffers geometrically: each allocation synchronizes the device.
 TEST(CudaBackendMemory, GrowingUploadsAllocatePinnedMemoryRarely) {

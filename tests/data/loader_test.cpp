@@ -234,6 +234,12 @@ TEST(BatchLoader, DefaultWorkersFollowTheCostOfAReadAndTheCoresPerRank) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   EXPECT_EQ(default_workers(ReadCost::kDecode, 1), std::clamp(cores, 1, 4));
   EXPECT_EQ(default_workers(ReadCost::kDecode, 1000), 1);
+  // A rank that feeds a GPU gathers even batches in memory on a worker, off the thread that queues
+  // the kernels; the other costs already have one at least.
+  EXPECT_EQ(default_workers(ReadCost::kMemory, 1, /*feeds_gpu=*/true), 1);
+  EXPECT_EQ(default_workers(ReadCost::kMemory, 8, /*feeds_gpu=*/true), 1);
+  EXPECT_EQ(default_workers(ReadCost::kFile, 1, /*feeds_gpu=*/true), 1);
+  EXPECT_EQ(default_workers(ReadCost::kDecode, 1, /*feeds_gpu=*/true), std::clamp(cores, 1, 4));
 }
 
 }  // namespace

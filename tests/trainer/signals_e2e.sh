@@ -22,11 +22,12 @@
 source "$(dirname "$0")/../e2e_common.sh"
 need_mnist
 
-# 8192 samples / (2 ranks x 32) = 128 steps per epoch, 2 epochs (the sanitizer build: 2048 / (2 x 8),
-# 1 epoch: the same 128 steps at a quarter of the cost); a checkpoint every 20 steps. The signal goes
-# out once step 20's checkpoint exists; a SIGTERM to mpirun reaches the ranks 1 s later, so the run
-# must have that second left (about 100 steps here, 25 under ASan).
-EPOCHS=$(pick 2 1)
+# 8192 samples / (2 ranks x 32) = 128 steps per epoch, 6 epochs (the sanitizer build: 2048 / (2 x 8),
+# 1 epoch: 128 steps at a quarter of the cost each); a checkpoint every 20 steps. The signal goes out
+# once step 20's checkpoint exists; a SIGTERM to mpirun reaches the ranks 1 s later, so the run must
+# have that second left with room to spare: a Zen 4 VM ran 2 epochs in 1.1 s, finishing before the
+# signal came (6 epochs: step 20 plus 1 s was step 300 of 768 there; 25 steps under ASan).
+EPOCHS=$(pick 6 1)
 RUN=(mnist.json --set data.max_train_samples="$(pick 8192 2048)" --set data.max_test_samples=500
      --set data.batch_size="$(pick 32 8)" --set training.epochs="$EPOCHS" --set checkpoint.every_steps=20
      --set checkpoint.every_epochs=0)
