@@ -116,10 +116,10 @@ class ProfilingBackend final : public Backend {
           [&] { inner_.conv2d_relu_maxpool(x, w, bias, y, argmax, g); });
   }
   void conv2d_relu_maxpool_backward(const float* gy, const int32_t* argmax, const float* y, const float* x,
-                                    const float* w, float* gx, float* gw, float* gbias,
+                                    const float* w, GradientOut gx, float* gw, float* gbias,
                                     const ConvPoolGeometry& g) override {
     timed(conv_kind(g.conv) + "+pool bwd", conv_shape(g.conv) + "+pool bwd",
-          conv_flops(g.conv) * wanted(gx, gw),
+          conv_flops(g.conv) * wanted(gx.data, gw),
           [&] { inner_.conv2d_relu_maxpool_backward(gy, argmax, y, x, w, gx, gw, gbias, g); });
   }
 

@@ -158,7 +158,7 @@ class Backend {
   virtual void conv2d_relu_maxpool(const float* x, const float* w, const float* bias, float* y,
                                    int32_t* argmax, const ConvPoolGeometry& g);
   virtual void conv2d_relu_maxpool_backward(const float* gy, const int32_t* argmax, const float* y,
-                                            const float* x, const float* w, float* gx, float* gw,
+                                            const float* x, const float* w, GradientOut gx, float* gw,
                                             float* gbias, const ConvPoolGeometry& g);
 
   // ---- batch normalisation (buffers as in BatchNormShape) ----

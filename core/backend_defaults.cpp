@@ -19,8 +19,8 @@ void Backend::conv2d_relu_maxpool(const float* x, const float* w, const float* b
 }
 
 void Backend::conv2d_relu_maxpool_backward(const float* gy, const int32_t* argmax, const float* y,
-                                           const float* x, const float* w, float* gx, float* gw, float* gbias,
-                                           const ConvPoolGeometry& g) {
+                                           const float* x, const float* w, GradientOut gx, float* gw,
+                                           float* gbias, const ConvPoolGeometry& g) {
   // The separate kernels' backward reads the conv output only for ReLU's mask (output > 0), and only
   // where gradient arrives: at the windows' winners, whose output is the pooled value. Scattering y
   // like the gradient gives a tensor that is > 0 exactly there (a sum of copies of one value >= 0),

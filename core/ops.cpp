@@ -183,7 +183,7 @@ Tensor conv2d_relu_maxpool(const Tensor& x, const Tensor& weight, const Tensor& 
   if (track) {
     autograd::record(out, {&x, &weight, &bias}, [&backend, x, weight, bias, out, argmax, g] {
       backend.conv2d_relu_maxpool_backward(out.grad_ptr(), argmax->as<int32_t>(), out.data_ptr(),
-                                           x.data_ptr(), weight.data_ptr(), grad_if_wanted(x),
+                                           x.data_ptr(), weight.data_ptr(), gradient_out_if_wanted(x),
                                            grad_if_wanted(weight), grad_if_wanted(bias), g);
     });
   }

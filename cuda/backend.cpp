@@ -28,6 +28,7 @@ CudaBackend::CudaBackend(int device_index, CudaOptions options) : index_(device_
   DPTRAIN_CUDA_CHECK(cudaSetDevice(index_));
   DPTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
   DPTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+  DPTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&upload_stream_, cudaStreamNonBlocking));
   DPTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming));
   for (Pinned* p : {&upload_[0], &upload_[1], &batch_upload_[0], &batch_upload_[1], &download_})
     DPTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming));
@@ -60,6 +61,7 @@ CudaBackend::~CudaBackend() {
   cudaEventDestroy(compute_ready_);
   // Blocks still allocated (a batch tensor outliving the backend) defer the pool's end to their free.
   if (upload_pool_) cudaMemPoolDestroy(upload_pool_);
+  cudaStreamDestroy(upload_stream_);
   cudaStreamDestroy(copy_);
   cudaStreamDestroy(compute_);
 }
@@ -187,14 +189,19 @@ void* CudaBackend::upload(const void* host_src, std::size_t bytes) {
   if (bytes == 0) return nullptr;
   Pinned& slot = batch_upload_[next_batch_upload_];
   void* staging = stage(batch_upload_, next_batch_upload_, host_src, bytes);
-  // A block of the upload pool, free in the copy stream's order: a batch released by the compute
+  // A block of the upload pool, free in upload_stream_'s order: a batch released by the compute
   // stream (its last reader) becomes reusable once that stream passes the release, so the copy waits
   // for the step that read it, not for everything queued since.
   void* dst = nullptr;
-  DPTRAIN_CUDA_CHECK(cudaMallocFromPoolAsync(&dst, bytes, upload_pool_, copy_));
-  DPTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, staging, bytes, cudaMemcpyHostToDevice, copy_));
-  DPTRAIN_CUDA_CHECK(cudaEventRecord(slot.done, copy_));
-  DPTRAIN_CUDA_CHECK(cudaStreamWaitEvent(compute_, slot.done, 0));
+  DPTRAIN_CUDA_CHECK(cudaMallocFromPoolAsync(&dst, bytes, upload_pool_, upload_stream_));
+  try {
+    DPTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, staging, bytes, cudaMemcpyHostToDevice, upload_stream_));
+    DPTRAIN_CUDA_CHECK(cudaEventRecord(slot.done, upload_stream_));
+    DPTRAIN_CUDA_CHECK(cudaStreamWaitEvent(compute_, slot.done, 0));
+  } catch (...) {
+    cudaFreeAsync(dst, upload_stream_);
+    throw;
+  }
   return dst;
 }
 
@@ -557,7 +564,7 @@ void CudaBackend::maxpool2d_backward(const float* gy, const int32_t* argmax, flo
   cuda::maxpool2d_backward(gy, argmax, gx, g, compute_);
 }
 void CudaBackend::conv2d_relu_maxpool_backward(const float* gy, const int32_t* argmax, const float* y,
-                                               const float* x, const float* w, float* gx, float* gw,
+                                               const float* x, const float* w, GradientOut gx, float* gw,
                                                float* gbias, const ConvPoolGeometry& g) {
   make_current();
   if (g.conv.batch == 0) return;

@@ -3,10 +3,11 @@
 // algorithms chosen once per shape, everything else on the kernels of cuda/kernels.cu. Work runs
 // in order on one compute stream; host-to-device copies go through two pinned buffers on a copy
 // stream, asynchronously for the host (which fills the next buffer meanwhile), ordered after the
-// compute work queued before them and before the work queued after. upload() (a batch) has a pair of
-// pinned buffers and a memory pool of its own, so that its copy waits only for the release of an
-// earlier upload, not for the compute queued before it: the next batch's copy overlaps the step
-// before. Memory is stream-ordered
+// compute work queued before them and before the work queued after. upload() (a batch) has a stream,
+// a pair of pinned buffers and a memory pool of its own, so that its copy waits only for the release
+// of an earlier upload, not for the compute queued before it (nor, through the copy stream's order,
+// for a label copy that waits for it): the next batch's copy overlaps the step before. Memory is
+// stream-ordered
 // (cudaMallocAsync on a pool that keeps what is freed), so a steady-state step calls the driver's
 // allocator zero times and a block is reused only in stream order.
 // Internal to cuda/: the trainer reaches it through backend_for(Device::cuda(i)).
@@ -75,7 +76,7 @@ class CudaBackend final : public Backend {
                           const Pool2dGeometry& g) override;
   // The pooling and ReLU backward in one kernel (cuda::maxpool_relu_backward), then the convolution's.
   void conv2d_relu_maxpool_backward(const float* gy, const int32_t* argmax, const float* y, const float* x,
-                                    const float* w, float* gx, float* gw, float* gbias,
+                                    const float* w, GradientOut gx, float* gw, float* gbias,
                                     const ConvPoolGeometry& g) override;
   void batchnorm_sums(const float* x, double* sums, BatchNormShape s) override;
   void batchnorm_squares(const float* x, const double* sums, double* squares, BatchNormShape s) override;
@@ -154,7 +155,7 @@ class CudaBackend final : public Backend {
 
   int index_;
   CudaOptions options_;
-  cudaStream_t compute_ = nullptr, copy_ = nullptr;
+  cudaStream_t compute_ = nullptr, copy_ = nullptr, upload_stream_ = nullptr;
   cudaEvent_t compute_ready_ = nullptr;  // "work enqueued so far" marker for the copy stream
   cublasHandle_t cublas_ = nullptr;
   cublasLtHandle_t cublas_lt_ = nullptr;
@@ -162,7 +163,7 @@ class CudaBackend final : public Backend {
   Scratch workspace_, labels_, relu_mask_, row_loss_, partials_, flag_, reduction_;
   Pinned upload_[2], batch_upload_[2], download_;
   int next_upload_ = 0, next_batch_upload_ = 0;
-  cudaMemPool_t upload_pool_ = nullptr;  // upload()'s blocks, allocated in the copy stream's order
+  cudaMemPool_t upload_pool_ = nullptr;  // upload()'s blocks, allocated in upload_stream_'s order
   int pinned_allocations_ = 0;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int>,
            std::unique_ptr<ConvPlan>>

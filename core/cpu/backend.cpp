@@ -76,7 +76,7 @@ void CpuBackend::conv2d_relu_maxpool(const float* x, const float* w, const float
   cpu::conv2d_relu_maxpool(x, w, bias, y, argmax, g);
 }
 void CpuBackend::conv2d_relu_maxpool_backward(const float* gy, const int32_t* argmax, const float* y,
-                                              const float* x, const float* w, float* gx, float* gw,
+                                              const float* x, const float* w, GradientOut gx, float* gw,
                                               float* gbias, const ConvPoolGeometry& g) {
   cpu::conv2d_relu_maxpool_backward(gy, argmax, y, x, w, gx, gw, gbias, g);
 }

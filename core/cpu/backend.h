@@ -41,7 +41,7 @@ class CpuBackend final : public HostMemory {
   void conv2d_relu_maxpool(const float* x, const float* w, const float* bias, float* y, int32_t* argmax,
                            const ConvPoolGeometry& g) override;
   void conv2d_relu_maxpool_backward(const float* gy, const int32_t* argmax, const float* y, const float* x,
-                                    const float* w, float* gx, float* gw, float* gbias,
+                                    const float* w, GradientOut gx, float* gw, float* gbias,
                                     const ConvPoolGeometry& g) override;
   void batchnorm_sums(const float* x, double* sums, BatchNormShape s) override;
   void batchnorm_squares(const float* x, const double* sums, double* squares, BatchNormShape s) override;

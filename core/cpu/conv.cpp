@@ -222,6 +222,15 @@ void forward_with(const ConvGeometry& g, const float* x, const float* w, Visit v
   }
 }
 
+// The input gradient for the kernels above, which add into it: one to be written starts from zeros
+// (the CPU spends little on this; it is a GPU's zeroing pass that writing saves).
+float* adding_into(GradientOut gx, const Conv2dGeometry& g) {
+  if (gx.overwrite)
+    std::memset(gx.data, 0,
+                sizeof(float) * static_cast<std::size_t>(g.batch * g.channels * g.height * g.width));
+  return gx.data;
+}
+
 }  // namespace
 
 void conv2d(const float* x, const float* w, const float* bias, float* y, const Conv2dGeometry& g) {
@@ -244,14 +253,9 @@ void conv2d(const float* x, const float* w, const float* bias, float* y, const C
 void conv2d_backward(const float* go, const float* x, const float* w, const float* y, GradientOut gx,
                      float* gw, float* gbias, const Conv2dGeometry& g) {
   const int64_t P = g.pixels(), O = g.out_channels;
-  // The kernels below add; a gradient to be written starts from zeros (the CPU spends little on
-  // this: it is the GPU's zeroing pass that overwriting saves).
-  if (gx.overwrite)
-    std::memset(gx.data, 0,
-                sizeof(float) * static_cast<std::size_t>(g.batch * g.channels * g.height * g.width));
   // [batch, O, P] -> the layout the backward kernels read (through ReLU's mask if fused).
   backward_with(
-      g, x, w, gx.data, gw, gbias,
+      g, x, w, adding_into(gx, g), gw, gbias,
       [&](int64_t sample, float* to, auto offset_of, int64_t channel_stride) {
         for (int64_t o = 0; o < O; ++o) {
           const int64_t at = (sample * O + o) * P;
@@ -282,13 +286,13 @@ void conv2d_relu_maxpool(const float* x, const float* w, const float* bias, floa
 }
 
 void conv2d_relu_maxpool_backward(const float* gy, const int32_t* argmax, const float* y, const float* x,
-                                  const float* w, float* gx, float* gw, float* gbias,
+                                  const float* w, GradientOut gx, float* gw, float* gbias,
                                   const ConvPoolGeometry& geometry) {
   const int64_t O = geometry.conv.out_channels;
   const int64_t pooled = geometry.pool.out_h * geometry.pool.out_w;
   // Each window's gradient goes to its winner where the pooled value (the winner's ReLU output) is
   // positive, in maxpool2d_backward's order.
-  backward_with(geometry.conv, x, w, gx, gw, gbias,
+  backward_with(geometry.conv, x, w, adding_into(gx, geometry.conv), gw, gbias,
                 [&](int64_t sample, float* to, auto offset_of, int64_t channel_stride) {
                   for (int64_t o = 0; o < O; ++o) {
                     const int64_t at = (sample * O + o) * pooled;

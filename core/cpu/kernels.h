@@ -27,7 +27,7 @@ void maxpool2d_plane(const float* plane, float* y, int32_t* argmax, const Pool2d
 void conv2d_relu_maxpool(const float* x, const float* w, const float* bias, float* y, int32_t* argmax,
                          const ConvPoolGeometry& g);
 void conv2d_relu_maxpool_backward(const float* gy, const int32_t* argmax, const float* y, const float* x,
-                                  const float* w, float* gx, float* gw, float* gbias,
+                                  const float* w, GradientOut gx, float* gw, float* gbias,
                                   const ConvPoolGeometry& g);
 void maxpool2d_backward(const float* gy, const int32_t* argmax, float* gx, const Pool2dGeometry& g);
 

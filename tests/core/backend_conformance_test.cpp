@@ -592,9 +592,9 @@ TEST(Fused, BatchNormAddReluIsItsPartsBitwise) {
 
 // A gradient that a kernel is asked to write comes out as adding into zeros does, whatever the
 // buffer held (here NaN, which any read of it spreads): every convolution path of the CPU backend
-// (the direct kernels, im2col, one-sample chunks in place, the fused ReLU) and BatchNorm's input and
-// residual gradients, in training and evaluation. Bitwise on the host backends; on a GPU within
-// kGemm, since cuDNN may take another code path for beta 0.
+// (the direct kernels, im2col, one-sample chunks in place, the fused ReLU, the fused ReLU and max
+// pooling) and BatchNorm's input and residual gradients, in training and evaluation. Bitwise on the host
+// backends; on a GPU within kGemm, since cuDNN may take another code path for beta 0.
 TEST(Gradients, WrittenOnesIgnoreWhatTheBufferHeld) {
   std::vector<Device> devices = devices_under_test();
   devices.push_back(Device::reference());
@@ -628,7 +628,8 @@ TEST(Gradients, WrittenOnesIgnoreWhatTheBufferHeld) {
   };
   for (const Device device : devices) {
     Backend& backend = backend_for(device);
-    for (const auto& [what, g] : convolutions) {
+    for (const auto& [what, geometry] : convolutions) {
+      const Conv2dGeometry g = geometry;  // a lambda may not capture a structured binding (clang 14)
       const Tensor x = on(device, {g.batch, g.channels, g.height, g.width});
       const Tensor w = on(device, {g.out_channels, g.channels, g.kernel_h, g.kernel_w});
       const Tensor y = on(device, {g.batch, g.out_channels, g.out_h, g.out_w});
@@ -638,6 +639,18 @@ TEST(Gradients, WrittenOnesIgnoreWhatTheBufferHeld) {
                                 g);
       });
     }
+    // conv -> ReLU -> max pooling 2/2, fused: its backward's input gradient.
+    const ConvPoolGeometry pooling{{2, 3, 8, 8, 4, 3, 3, 8, 8, 1, 1, true}, {2 * 4, 8, 8, 4, 4, 2, 2, 0}};
+    const Tensor pool_x = on(device, {2, 3, 8, 8}), pool_w = on(device, {4, 3, 3, 3});
+    const Tensor pooled = Tensor::empty({2, 4, 4, 4}, device), pool_gy = on(device, {2, 4, 4, 4});
+    const StoragePtr argmax = make_storage(sizeof(int32_t) * 2 * 4 * 4 * 4, device);
+    backend.conv2d_relu_maxpool(pool_x.data_ptr(), pool_w.data_ptr(), nullptr, pooled.data_ptr(),
+                                argmax->as<int32_t>(), pooling);
+    check_written(device, "conv 3x3/1 + ReLU + max-pool 2/2", pool_x.numel(), [&](GradientOut gx) {
+      backend.conv2d_relu_maxpool_backward(pool_gy.data_ptr(), argmax->as<int32_t>(), pooled.data_ptr(),
+                                           pool_x.data_ptr(), pool_w.data_ptr(), gx, nullptr, nullptr,
+                                           pooling);
+    });
     const BatchNormShape s{4, 3, 35};
     const Tensor x = on(device, {4, 3, 5, 7}), gy = on(device, x.shape()), relu_y = on(device, x.shape());
     const Tensor gamma = on(device, {3});
