@@ -3,10 +3,10 @@
 // the backend of that device; so a new device is a new Backend plus a registration, and nothing
 // above core changes. Kernels take raw pointers into the device's memory (from Tensor::data_ptr())
 // and geometry structs; `g*` pointers that may be null mean "this gradient is not wanted". Backward
-// kernels add into the gradients they write (gradients accumulate over uses and passes), except that
-// a GradientOut may ask to be written instead; forward kernels overwrite their outputs. Kernels may run
-// asynchronously on the device: a result becomes visible to the host through copy_to_host(), which waits for
-// it.
+// kernels add into the gradients they write (gradients accumulate over uses and passes), except
+// that a GradientOut may ask to be written instead; forward kernels overwrite their outputs. Kernels
+// may run asynchronously on the device: a result becomes visible to the host through copy_to_host(),
+// which waits for it.
 //
 // A new backend implements every pure virtual below (the fused ops have defaults composed of the
 // others) and passes tests/core/backend_conformance_test

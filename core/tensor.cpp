@@ -50,13 +50,18 @@ void GradHook::reset() {
   tensor_.reset();
 }
 
-Tensor Tensor::empty(Shape shape, Device device) {
+Tensor Tensor::over(Shape shape, StoragePtr data) {
   Tensor t;
   t.impl_ = std::make_shared<TensorImpl>();
   t.impl_->numel_ = shape_numel(shape);
   t.impl_->shape_ = std::move(shape);
-  t.impl_->data_ = make_storage(bytes_of(t.impl_->numel_), device);
+  t.impl_->data_ = std::move(data);
   return t;
+}
+
+Tensor Tensor::empty(Shape shape, Device device) {
+  const int64_t n = shape_numel(shape);
+  return over(std::move(shape), make_storage(bytes_of(n), device));
 }
 
 Tensor Tensor::empty(Shape shape, bool requires_grad) {
@@ -93,12 +98,7 @@ Tensor Tensor::from_host(Shape shape, std::span<const float> values, Device devi
   const int64_t n = shape_numel(shape);
   DPTRAIN_CHECK(static_cast<int64_t>(values.size()) == n, "from_host: ", values.size(), " values for shape ",
                 shape_str(shape));
-  Tensor t;
-  t.impl_ = std::make_shared<TensorImpl>();
-  t.impl_->numel_ = n;
-  t.impl_->shape_ = std::move(shape);
-  t.impl_->data_ = std::make_shared<Storage>(device, values.data(), bytes_of(n));
-  return t;
+  return over(std::move(shape), std::make_shared<Storage>(device, values.data(), bytes_of(n)));
 }
 
 void Tensor::fail_not_host(const char* what) const {

@@ -115,6 +115,7 @@ class Tensor {
 
  private:
   friend struct TensorAccess;
+  static Tensor over(Shape shape, StoragePtr data);  // a tensor of `shape` on `data`
   float* host(float* p, const char* what) const {
     if (!impl_->data_->device().is_host()) [[unlikely]]
       fail_not_host(what);

@@ -12,14 +12,7 @@ struct TensorAccess {
   static TensorImpl& impl(const Tensor& t) { return *t.impl_; }
   static std::shared_ptr<TensorImpl> shared(const Tensor& t) { return t.impl_; }
   // A tensor of `shape` over `data` (e.g. a window into a flat buffer).
-  static Tensor wrap(Shape shape, StoragePtr data) {
-    Tensor t;
-    t.impl_ = std::make_shared<TensorImpl>();
-    t.impl_->numel_ = shape_numel(shape);
-    t.impl_->shape_ = std::move(shape);
-    t.impl_->data_ = std::move(data);
-    return t;
-  }
+  static Tensor wrap(Shape shape, StoragePtr data) { return Tensor::over(std::move(shape), std::move(data)); }
   static StoragePtr& data(TensorImpl& impl) { return impl.data_; }
   static StoragePtr& grad(TensorImpl& impl) { return impl.grad_; }
   static bool has_grad_ready_hooks(const TensorImpl& impl) { return !impl.grad_ready_hooks_.empty(); }

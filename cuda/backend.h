@@ -7,9 +7,8 @@
 // a pair of pinned buffers and a memory pool of its own, so that its copy waits only for the release
 // of an earlier upload, not for the compute queued before it (nor, through the copy stream's order,
 // for a label copy that waits for it): the next batch's copy overlaps the step before. Memory is
-// stream-ordered
-// (cudaMallocAsync on a pool that keeps what is freed), so a steady-state step calls the driver's
-// allocator zero times and a block is reused only in stream order.
+// stream-ordered (cudaMallocAsync on a pool that keeps what is freed), so a steady-state step calls
+// the driver's allocator zero times and a block is reused only in stream order.
 // Internal to cuda/: the trainer reaches it through backend_for(Device::cuda(i)).
 #pragma once
 
