@@ -1,11 +1,12 @@
-// conv2d on the CPU. Stride-1 convolutions that core/cpu/conv_direct.h takes run as direct kernels;
-// the rest as im2col + GEMM over chunks of the batch, each chunk's column matrix [C*KH*KW,
-// chunk*OH*OW] sized to stay in L2 (a whole-batch column matrix, 18 MB for the MNIST CNN's second
-// layer, cost more than the GEMM it fed), its columns recomputed in backward rather than kept.
+// conv2d on the CPU. Stride-1 convolutions over small planes run as per-tap GEMMs (conv_small.h),
+// others that conv_direct.h takes as direct kernels; the rest as im2col + GEMM over chunks of the
+// batch, each chunk's column matrix [C*KH*KW, chunk*OH*OW] sized to stay in L2 (a whole-batch column
+// matrix, 18 MB for the MNIST CNN's second layer, cost more than the GEMM it fed), its columns
+// recomputed in backward rather than kept.
 // conv2d -> ReLU -> max pooling pools each plane of sums while it is in cache, so the conv output
 // never goes to memory; its backward rebuilds the output gradient from the pooled output and the
 // winners' positions. The bias, ReLU and pooling of each plane, and the writing of the output
-// gradient, are the same code on both paths.
+// gradient, are the same code on every path.
 #include <algorithm>
 #include <bit>
 #include <cstdint>
@@ -13,6 +14,7 @@
 
 #include "core/activation_rules.h"
 #include "core/cpu/conv_direct.h"
+#include "core/cpu/conv_small.h"
 #include "core/cpu/eigen.h"
 #include "core/cpu/gemm.h"
 #include "core/cpu/kernels.h"
@@ -177,6 +179,8 @@ float masked_gradient(float g, float y) {
 template <typename WriteOutputGradient>
 void backward_with(const ConvGeometry& g, const float* x, const float* w, float* gx, float* gw, float* gbias,
                    WriteOutputGradient write_output_gradient, const float* output_gradient = nullptr) {
+  if (small_plane_conv::applies(g))
+    return small_plane_conv::backward(g, x, w, gx, gw, gbias, write_output_gradient);
   if (direct_conv::applies_backward(g))
     return direct_conv::backward(g, x, w, gx, gw, gbias, write_output_gradient);
   const int64_t P = g.pixels(), O = g.out_channels, chunk = chunk_samples(g, gx != nullptr);
@@ -205,6 +209,7 @@ void backward_with(const ConvGeometry& g, const float* x, const float* w, float*
 template <typename Visit>
 void forward_with(const ConvGeometry& g, const float* x, const float* w, Visit visit,
                   float* output = nullptr) {
+  if (small_plane_conv::applies(g)) return small_plane_conv::forward(g, x, w, visit);
   if (direct_conv::applies(g)) return direct_conv::forward(g, x, w, visit);
   const int64_t P = g.pixels(), O = g.out_channels, K = g.patch(), chunk = chunk_samples(g, false);
   const bool output_in_place = output != nullptr && chunk == 1;

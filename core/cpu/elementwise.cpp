@@ -136,6 +136,71 @@ void pool_plane_padded(const float* plane, float* y, int32_t* win, const Pool2dG
   }
 }
 
+// Which of a window's earlier value `before` and later value `after` a row-major scan keeps (as in
+// window_max): the later one if greater or NaN. Taking the same value twice changes nothing.
+inline bool later_wins(float before, float after) {
+  return after > before || after != after;
+}
+
+// ResNet's stem pooling, 3x3 windows at stride 2 with padding 1, over planes of even width: output
+// (i, j) covers rows 2i-1 .. 2i+1 and columns 2j-1 .. 2j+1, those inside the plane. In passes that
+// vectorise, where the scan per output did not (15 whole windows a row at 64x64 input, less than a
+// packet): the plane split into its even and odd columns; each input row's winner among each window's
+// columns; each window's winner among its rows' winners, in order. A row-major scan keeps the first
+// maximum, or the last NaN if one came: the first row that holds it, and that row's first column,
+// which is what the passes keep.
+void pool_3x3_stride2_padded(const float* plane, float* y, int32_t* win, const Pool2dGeometry& g) {
+  const int64_t out_w = g.out_w, rows = g.height, n = rows * out_w;
+  thread_local std::vector<float> buffers;
+  thread_local std::vector<int32_t> row_at;
+  buffers.resize(static_cast<std::size_t>(3 * n + 1));
+  row_at.resize(static_cast<std::size_t>(n + out_w));  // and a row of winners not kept
+  // Column 2j of row r at even[r * out_w + j], column 2j + 1 at odd[r * out_w + j]; odd[-1] is a
+  // float of slack that the first row's j = 0 reads and ignores.
+  float *even = buffers.data(), *odd = even + n + 1, *best = odd + n;
+  int32_t* at = row_at.data();
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    even[i] = plane[2 * i];
+    odd[i] = plane[2 * i + 1];
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *evens = even + r * out_w, *odds = odd + r * out_w;
+    float* row_best = best + r * out_w;
+    int32_t* row_winner = at + r * out_w;
+    const auto row_start = static_cast<int32_t>(r * g.width);
+    // Columns 2j - 1 (none at j = 0, a select, so that the row fills whole packets), 2j and 2j + 1.
+#pragma omp simd
+    for (int64_t j = 0; j < out_w; ++j) {
+      const int32_t middle = row_start + 2 * static_cast<int32_t>(j);
+      const bool middle_wins = j == 0 || later_wins(odds[j - 1], evens[j]);
+      const float value = middle_wins ? evens[j] : odds[j - 1];
+      const int32_t index = middle_wins ? middle : middle - 1;
+      const bool right_wins = later_wins(value, odds[j]);
+      row_best[j] = right_wins ? odds[j] : value;
+      row_winner[j] = right_wins ? middle + 1 : index;
+    }
+  }
+  for (int64_t i = 0; i < g.out_h; ++i) {
+    // Rows 2i - 1 (none at i = 0: row 2i twice), 2i and 2i + 1 (none past the plane: row 2i again).
+    const int64_t first = std::max<int64_t>(2 * i - 1, 0), last = std::min<int64_t>(2 * i + 1, rows - 1);
+    const float *top = best + first * out_w, *middle = best + 2 * i * out_w, *bottom = best + last * out_w;
+    const int32_t *top_at = at + first * out_w, *middle_at = at + 2 * i * out_w,
+                  *bottom_at = at + last * out_w;
+    float* y_row = y + i * out_w;
+    int32_t* win_row = win ? win + i * out_w : at + n;
+#pragma omp simd
+    for (int64_t j = 0; j < out_w; ++j) {
+      const bool middle_wins = later_wins(top[j], middle[j]);
+      const float value = middle_wins ? middle[j] : top[j];
+      const int32_t index = middle_wins ? middle_at[j] : top_at[j];
+      const bool bottom_wins = later_wins(value, bottom[j]);
+      y_row[j] = bottom_wins ? bottom[j] : value;
+      win_row[j] = bottom_wins ? bottom_at[j] : index;
+    }
+  }
+}
+
 // Inf and NaN are the floats whose exponent bits are all ones. An integer OR-reduction vectorises
 // where a float accumulation would not (float addition is not associative).
 inline uint32_t not_finite(float v) {
@@ -170,6 +235,8 @@ void activation_backward(Activation f, const float* x, const float* y, const flo
 }
 
 void maxpool2d_plane(const float* plane, float* y, int32_t* argmax, const Pool2dGeometry& g) {
+  if (g.kernel == 3 && g.stride == 2 && g.padding == 1 && g.width % 2 == 0)
+    return pool_3x3_stride2_padded(plane, y, argmax, g);
   if (g.padding > 0)
     return (g.kernel == 3 ? pool_plane_padded<3> : pool_plane_padded<0>)(plane, y, argmax, g);
   const auto pool = g.kernel == 2 ? pool_plane<2> : g.kernel == 3 ? pool_plane<3> : pool_plane<0>;

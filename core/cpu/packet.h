@@ -24,4 +24,14 @@ inline Packet zero() {
 // Floats on a 64-byte boundary, so that packets at multiples of kLanes never split a cache line.
 using AlignedFloats = std::vector<float, Eigen::aligned_allocator<float>>;
 
+// At least `floats` floats of the calling thread, one buffer per distinct Slot (an enumerator of the
+// caller's), kept from call to call: kernels run every step, and fresh buffers of their size come from
+// mmap and fault every page in again each time.
+template <auto Slot>
+float* thread_scratch(int64_t floats) {
+  thread_local AlignedFloats buffer;
+  if (static_cast<int64_t>(buffer.size()) < floats) buffer.resize(static_cast<std::size_t>(floats));
+  return buffer.data();
+}
+
 }  // namespace dptrain::cpu::simd

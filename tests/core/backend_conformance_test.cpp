@@ -330,7 +330,16 @@ std::vector<Case> cases() {
                                          {{2, 40, 7, 9}, {80, 40, 3, 3}, 1, 1, true, true},
                                          {{3, 72, 6, 6}, {36, 72, 2, 2}, 1, 1, false, false},
                                          {{2, 48, 5, 5}, {20, 48, 1, 1}, 1, 0, false, true},
+                                         // per-tap GEMMs over small planes (3x3 over 4x4 and 2x2, a
+                                         // 5x5 over 3x3 whose outer taps reach one row or none, a
+                                         // 2x2 that pads to a larger output), ragged channels and
+                                         // batches
                                          {{2, 16, 4, 4}, {24, 16, 3, 3}, 1, 1, true, true},
+                                         {{3, 24, 2, 2}, {40, 24, 3, 3}, 1, 1, false, true},
+                                         {{5, 33, 4, 4}, {17, 33, 3, 3}, 1, 1, true, false},
+                                         {{2, 20, 3, 3}, {18, 20, 5, 5}, 1, 2, false, true},
+                                         {{2, 20, 2, 2}, {18, 20, 5, 5}, 1, 2, true, true},
+                                         {{3, 16, 3, 3}, {16, 16, 2, 2}, 1, 1, true, true},
                                          // 1x1 over planes of 961 and 1,024: one-sample chunks that
                                          // read and write the tensors in place, at samples not 64-byte
                                          // aligned (bias and ReLU in place, or the ReLU-masked gradient
@@ -388,6 +397,14 @@ std::vector<Case> cases() {
                  {in({2, 3, 13, 12}, Fill::kTies)},
                  [](const std::vector<Tensor>& t) { return ops::maxpool2d(t[0], 3, 2, 1); },
                  kExact});
+  // the same over planes of even width, which the CPU pools in whole rows: an even and an odd
+  // height, one and two windows a row
+  for (const Shape& shape : std::vector<Shape>{{2, 3, 8, 10}, {2, 2, 7, 4}, {1, 2, 5, 2}})
+    out.push_back({"maxpool2d",
+                   str(shape) + ", kernel 3, stride 2, pad 1, ties",
+                   {in(shape, Fill::kTies)},
+                   [](const std::vector<Tensor>& t) { return ops::maxpool2d(t[0], 3, 2, 1); },
+                   kExact});
   out.push_back({"maxpool2d",
                  "[1, 2, 6, 6], kernel 2, stride 1, pad 1, ties",
                  {in({1, 2, 6, 6}, Fill::kTies)},
@@ -592,8 +609,8 @@ TEST(Fused, BatchNormAddReluIsItsPartsBitwise) {
 
 // A gradient that a kernel is asked to write comes out as adding into zeros does, whatever the
 // buffer held (here NaN, which any read of it spreads): every convolution path of the CPU backend
-// (the direct kernels, im2col, one-sample chunks in place, the fused ReLU, the fused ReLU and max
-// pooling) and BatchNorm's input and residual gradients, in training and evaluation. Bitwise on the host
+// (the direct kernels, im2col, one-sample chunks in place, per-tap GEMMs, the fused ReLU, the fused ReLU and
+// max pooling) and BatchNorm's input and residual gradients, in training and evaluation. Bitwise on the host
 // backends; on a GPU within kGemm, since cuDNN may take another code path for beta 0.
 TEST(Gradients, WrittenOnesIgnoreWhatTheBufferHeld) {
   std::vector<Device> devices = devices_under_test();
@@ -625,6 +642,7 @@ TEST(Gradients, WrittenOnesIgnoreWhatTheBufferHeld) {
       {"conv 3x3/1, direct, ReLU", {2, 3, 9, 9, 4, 3, 3, 9, 9, 1, 1, true}},
       {"conv 3x3/2, im2col", {2, 8, 9, 9, 5, 3, 3, 4, 4, 2, 0, false}},
       {"conv 1x1/1, one sample in place", {1, 48, 5, 5, 8, 1, 1, 5, 5, 1, 0, false}},
+      {"conv 3x3/1 over 2x2, per-tap GEMMs", {3, 16, 2, 2, 24, 3, 3, 2, 2, 1, 1, true}},
   };
   for (const Device device : devices) {
     Backend& backend = backend_for(device);

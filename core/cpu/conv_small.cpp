@@ -1,0 +1,202 @@
+// Convolutions at stride 1 over small planes as one GEMM per tap and run of pixels. Tap t = (kh, kw)
+// links output pixel (oh, ow) to input pixel (oh - pad + kh, ow - pad + kw) where that lies inside the
+// plane; along an output row the pixels it links form one run, and so do their inputs. With the pixels
+// outermost in copies of the activations, a run is a block of whole rows or columns of a matrix:
+//   forward          Y[o, (p, b)]  += W_t[o, c] X[c, (q, b)]     (activations [channel, pixel, sample])
+//   input gradient   GX[(q, b), c] += GY[(p, b), o] W_t[o, c]     ([pixel, sample, channel])
+//   weight gradient  GW_t[o, c]    += GY[o, (p, b)] X[(q, b), c]
+// so only products with pixels inside the plane are made, where im2col multiplies the padding's zeros
+// too (20 of every 36 products at 3x3 over 2x2 planes: ResNet-18's last stage at 64x64 input). The
+// copies are of activations, a few hundred KiB at these planes, and of the weights, once per call
+// into [tap, out, in], the one layout that both the forward (as A) and the input gradient (as B) read
+// in place.
+#include "core/cpu/conv_small.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "core/cpu/gemm.h"
+#include "core/cpu/packet.h"
+
+namespace dptrain::cpu::small_plane_conv {
+namespace {
+
+using simd::thread_scratch;
+
+// Channels below this leave GEMMs too small to pay for the copies.
+constexpr int64_t kMinChannels = 16;
+// Output channels per thread in the forward come in multiples of this (the GEMM's row block).
+constexpr int64_t kRowMultiple = 16;
+
+// Outputs [first_output, + length) of a plane take tap `tap` from inputs [first_input, + length).
+struct Run {
+  int64_t tap, first_output, first_input, length;
+};
+
+// The runs of every tap in tap order, one per output row, or one per block of rows where the tap
+// links whole rows to whole rows (the middle column of taps when out_w == width).
+std::vector<Run> runs_of(const Conv2dGeometry& g) {
+  std::vector<Run> runs;
+  for (int64_t kh = 0; kh < g.kernel_h; ++kh)
+    for (int64_t kw = 0; kw < g.kernel_w; ++kw) {
+      const int64_t tap = kh * g.kernel_w + kw;
+      // Input column ow - pad + kw in [0, width).
+      const int64_t ow0 = std::clamp<int64_t>(g.padding - kw, 0, g.out_w);
+      const int64_t ow1 = std::clamp<int64_t>(g.width + g.padding - kw, ow0, g.out_w);
+      if (ow0 == ow1) continue;
+      for (int64_t oh = 0; oh < g.out_h; ++oh) {
+        const int64_t ih = oh - g.padding + kh;
+        if (ih < 0 || ih >= g.height) continue;
+        const int64_t p = oh * g.out_w + ow0, q = ih * g.width + ow0 - g.padding + kw;
+        Run* last = runs.empty() ? nullptr : &runs.back();
+        if (last && last->tap == tap && last->first_output + last->length == p &&
+            last->first_input + last->length == q) {
+          last->length += ow1 - ow0;
+        } else {
+          runs.push_back({tap, p, q, ow1 - ow0});
+        }
+      }
+    }
+  return runs;
+}
+
+int64_t taps(const Conv2dGeometry& g) {
+  return g.kernel_h * g.kernel_w;
+}
+int64_t input_pixels(const Conv2dGeometry& g) {
+  return g.height * g.width;
+}
+
+// w [O, C, T] -> [T, O, C]. Per output channel, its C x T weights (in L1) are read T times with
+// stride T so that every write is contiguous.
+enum Slot {
+  kWeightsByTap,
+  kInput,
+  kSums,
+  kPlane,
+  kGradientByPixel,
+  kGradientByChannel,
+  kInputGradient,
+  kWeightGradient
+};
+const float* weights_by_tap(const Conv2dGeometry& g, const float* w) {
+  const int64_t T = taps(g), O = g.out_channels, C = g.channels;
+  float* by_tap = thread_scratch<kWeightsByTap>(T * O * C);
+#pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < O; ++o)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t c = 0; c < C; ++c) by_tap[(t * O + o) * C + c] = w[(o * C + c) * T + t];
+  return by_tap;
+}
+
+// x [B, C, Q] -> [C, Q, B] (channel_major) or [Q, B, C].
+template <bool ChannelMajor>
+const float* input_by_pixel(const Conv2dGeometry& g, const float* x) {
+  const int64_t B = g.batch, C = g.channels, Q = input_pixels(g);
+  float* to = thread_scratch<kInput>(B * C * Q);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t q = 0; q < Q; ++q)
+      for (int64_t b = 0; b < B; ++b)
+        to[ChannelMajor ? (c * Q + q) * B + b : (q * B + b) * C + c] = x[(b * C + c) * Q + q];
+  return to;
+}
+
+}  // namespace
+
+bool applies(const Conv2dGeometry& g) {
+  if (g.stride != 1 || taps(g) == 1 || g.channels < kMinChannels || g.out_channels < kMinChannels)
+    return false;
+  int64_t products = 0;
+  for (const Run& run : runs_of(g)) products += run.length;
+  return 4 * products < 3 * taps(g) * g.pixels();
+}
+
+void forward(const Conv2dGeometry& g, const float* x, const float* w,
+             const direct_conv::PlaneVisitor& visit) {
+  const std::vector<Run> runs = runs_of(g);
+  const int64_t B = g.batch, C = g.channels, O = g.out_channels, P = g.pixels(), Q = input_pixels(g);
+  const float* by_tap = weights_by_tap(g, w);
+  const float* input = input_by_pixel<true>(g, x);
+  float* sums = thread_scratch<kSums>(O * P * B);
+  // Each thread takes a block of output channels through every run; nested, the GEMM runs on the
+  // thread that calls it (its own parallel loop is over columns, here at most a plane of samples).
+#pragma omp parallel
+  {
+    const int64_t share = (O + omp_get_num_threads() - 1) / omp_get_num_threads();
+    const int64_t rows = (share + kRowMultiple - 1) / kRowMultiple * kRowMultiple;
+    const int64_t o0 = std::min(O, omp_get_thread_num() * rows), o1 = std::min(O, o0 + rows);
+    std::fill(sums + o0 * P * B, sums + o1 * P * B, 0.0f);
+    for (const Run& run : runs)
+      if (o0 < o1)
+        gemm(o1 - o0, run.length * B, C, {by_tap + (run.tap * O + o0) * C, C},
+             {input + run.first_input * B, Q * B}, sums + o0 * P * B + run.first_output * B, P * B,
+             /*accumulate=*/true);
+    float* plane = thread_scratch<kPlane>(P);
+    for (int64_t o = o0; o < o1; ++o)
+      for (int64_t b = 0; b < B; ++b) {
+        for (int64_t p = 0; p < P; ++p) plane[p] = sums[(o * P + p) * B + b];
+        visit(b, o, plane);
+      }
+  }
+}
+
+void backward(const Conv2dGeometry& g, const float* x, const float* w, float* gx, float* gw, float* gbias,
+              const direct_conv::GradientWriter& write_output_gradient) {
+  const std::vector<Run> runs = runs_of(g);
+  const int64_t B = g.batch, C = g.channels, O = g.out_channels, P = g.pixels(), Q = input_pixels(g);
+  const int64_t T = taps(g);
+  // The output gradient as [P, B, O], written into zeros.
+  float* by_pixel = thread_scratch<kGradientByPixel>(P * B * O);
+  std::fill_n(by_pixel, P * B * O, 0.0f);
+  std::vector<int64_t> offset_of(static_cast<std::size_t>(P));
+  for (int64_t p = 0; p < P; ++p) offset_of[static_cast<std::size_t>(p)] = p * B * O;
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < B; ++b) write_output_gradient(b, by_pixel + b * O, offset_of.data(), 1);
+
+  if (gx) {
+    const float* by_tap = weights_by_tap(g, w);
+    float* sums = thread_scratch<kInputGradient>(Q * B * C);
+    std::fill_n(sums, Q * B * C, 0.0f);
+    for (const Run& run : runs)
+      gemm(run.length * B, C, O, {by_pixel + run.first_output * B * O, O}, {by_tap + run.tap * O * C, C},
+           sums + run.first_input * B * C, C, /*accumulate=*/true);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t q = 0; q < Q; ++q) gx[(b * C + c) * Q + q] += sums[(q * B + b) * C + c];
+  }
+  if (!gw && !gbias) return;
+  // ... and as [O, P, B], each channel's gradients a row.
+  float* by_channel = thread_scratch<kGradientByChannel>(O * P * B);
+#pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < O; ++o)
+    for (int64_t i = 0; i < P * B; ++i) by_channel[o * P * B + i] = by_pixel[i * O + o];
+  if (gbias)
+    for (int64_t o = 0; o < O; ++o) {
+      float sum = 0.0f;
+      for (int64_t i = 0; i < P * B; ++i) sum += by_channel[o * P * B + i];
+      gbias[o] += sum;
+    }
+  if (!gw) return;
+  const float* input = input_by_pixel<false>(g, x);
+  float* sums = thread_scratch<kWeightGradient>(T * O * C);
+  for (int64_t t = 0; t < T; ++t) {
+    bool reached = false;  // the first run of a tap writes its sums, the later ones add
+    for (const Run& run : runs) {
+      if (run.tap != t) continue;
+      gemm(O, C, run.length * B, {by_channel + run.first_output * B, P * B},
+           {input + run.first_input * B * C, C}, sums + t * O * C, C, /*accumulate=*/reached);
+      reached = true;
+    }
+    if (!reached) std::fill_n(sums + t * O * C, O * C, 0.0f);
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < O; ++o)
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t t = 0; t < T; ++t) gw[(o * C + c) * T + t] += sums[(t * O + o) * C + c];
+}
+
+}  // namespace dptrain::cpu::small_plane_conv

@@ -1,0 +1,23 @@
+// Stride-1 convolutions over planes so small that padding makes much of im2col's work: per-tap GEMMs.
+#pragma once
+
+#include "core/backend.h"
+#include "core/cpu/conv_direct.h"
+
+namespace dptrain::cpu::small_plane_conv {
+
+// Whether these kernels take the convolution: stride 1, a kernel wider than 1x1, channels enough for
+// GEMMs, and planes where over a quarter of im2col's tap-pixel products meet padding (3x3 kernels
+// over 4x4 planes, 31%; over 2x2 planes, 56%).
+bool applies(const Conv2dGeometry& g);
+
+// As direct_conv::forward: visit(sample, channel, sums) for every plane of sums, bias not added,
+// from several threads at once, never twice for a plane.
+void forward(const Conv2dGeometry& g, const float* x, const float* w, const direct_conv::PlaneVisitor& visit);
+
+// As direct_conv::backward: adds the gradients (each may be null) from the output gradient that the
+// writer gives, into zeros, once per sample. The sums do not depend on the number of threads.
+void backward(const Conv2dGeometry& g, const float* x, const float* w, float* gx, float* gw, float* gbias,
+              const direct_conv::GradientWriter& write_output_gradient);
+
+}  // namespace dptrain::cpu::small_plane_conv
