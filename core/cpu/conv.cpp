@@ -179,7 +179,7 @@ float masked_gradient(float g, float y) {
 template <typename WriteOutputGradient>
 void backward_with(const ConvGeometry& g, const float* x, const float* w, float* gx, float* gw, float* gbias,
                    WriteOutputGradient write_output_gradient, const float* output_gradient = nullptr) {
-  if (small_plane_conv::applies(g))
+  if (small_plane_conv::applies_backward(g))
     return small_plane_conv::backward(g, x, w, gx, gw, gbias, write_output_gradient);
   if (direct_conv::applies_backward(g))
     return direct_conv::backward(g, x, w, gx, gw, gbias, write_output_gradient);

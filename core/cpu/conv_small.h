@@ -6,10 +6,14 @@
 
 namespace dptrain::cpu::small_plane_conv {
 
-// Whether these kernels take the convolution: stride 1, a kernel wider than 1x1, channels enough for
-// GEMMs, and planes where over a quarter of im2col's tap-pixel products meet padding (3x3 kernels
-// over 4x4 planes, 31%; over 2x2 planes, 56%).
+// Whether the forward takes the convolution: stride 1, a kernel wider than 1x1, channels enough for
+// GEMMs, and planes where over a tenth of im2col's tap-pixel products meet padding (3x3 kernels over
+// 8x8 and 7x7 planes, 16% and 18%; over 4x4, 31%; over 2x2, 56%).
 bool applies(const Conv2dGeometry& g);
+// Whether backward() takes it: the same over a quarter. Its copies of the activations (the output
+// gradient twice, the input, the input gradient) grow with the planes; at 8x8 they cost more than
+// the padding's products.
+bool applies_backward(const Conv2dGeometry& g);
 
 // As direct_conv::forward: visit(sample, channel, sums) for every plane of sums, bias not added,
 // from several threads at once, never twice for a plane.

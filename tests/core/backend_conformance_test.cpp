@@ -339,7 +339,7 @@ std::vector<Case> cases() {
                                          {{5, 33, 4, 4}, {17, 33, 3, 3}, 1, 1, true, false},
                                          {{2, 20, 3, 3}, {18, 20, 5, 5}, 1, 2, false, true},
                                          {{2, 20, 2, 2}, {18, 20, 5, 5}, 1, 2, true, true},
-                                         {{3, 16, 3, 3}, {16, 16, 2, 2}, 1, 1, true, true},
+                                         {{3, 24, 3, 3}, {16, 24, 2, 2}, 1, 1, true, true},
                                          // 1x1 over planes of 961 and 1,024: one-sample chunks that
                                          // read and write the tensors in place, at samples not 64-byte
                                          // aligned (bias and ReLU in place, or the ReLU-masked gradient
