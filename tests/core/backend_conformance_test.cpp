@@ -733,13 +733,16 @@ TEST(Gradients, AFreshBufferIsWrittenByItsFirstContribution) {
 
 // Max pooling lets NaN win (torch.max_pool2d does) on every backend, inside the plane and on its
 // padded border, and sends the gradient where the reference does: the last NaN of a window in
-// row-major order, else the first maximum.
-TEST(MaxPool, NanWinsOnEveryBackend) {
-  std::vector<float> values(2 * 9 * 10);
+// row-major order, else the first maximum. Planes of even width (the CPU's passes over whole rows)
+// and odd width (its scan per window).
+class MaxPool : public ::testing::TestWithParam<int64_t> {};
+TEST_P(MaxPool, NanWinsOnEveryBackend) {
+  const int64_t width = GetParam();
+  std::vector<float> values(static_cast<std::size_t>(2 * 9 * width));
   for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>((i * 37) % 11) - 5.0f;
   for (const std::size_t at : {0, 23, 25, 44, 61, 89, 90 + 45}) values[at] = NAN;
   const auto run = [&](Device device) {
-    const Tensor x = Tensor::from_data({1, 2, 9, 10}, values).to(device);
+    const Tensor x = Tensor::from_data({1, 2, 9, width}, values).to(device);
     x.set_requires_grad(true);
     const Tensor y = ops::maxpool2d(x, 3, 2, 1);
     autograd::backward(y, Tensor::full(y.shape(), 1.0f).to(device));
@@ -757,6 +760,7 @@ TEST(MaxPool, NanWinsOnEveryBackend) {
     EXPECT_EQ(gx, reference_gx) << device.str() << ": the gradient went to other positions";
   }
 }
+INSTANTIATE_TEST_SUITE_P(Widths, MaxPool, ::testing::Values(10, 11));
 
 // ReLU keeps NaN on every backend, standalone and as a convolution's epilogue (torch.relu does): a
 // diverging run must reach the finiteness check, not be clipped to 0 on one device only.
