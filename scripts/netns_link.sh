@@ -40,7 +40,10 @@ ip netns exec "${NS[0]}" bash -c "exec 3<>/dev/tcp/${ADDR[1]}/9" 2>/dev/null || 
 
 # mpirun starts the remote daemons through this agent, which enters the namespace named as the host
 # and gives each namespace a core of its own, as two hosts would have: left to Open MPI, each daemon
-# binds its first rank to core 0, both ranks share that core and every step's compute doubles.
+# binds its first rank to core 0, both ranks share that core and every step's compute doubles. It
+# also gives each its own directory for Open MPI's session files: the namespaces share the host's
+# name and /tmp, and two daemons creating the same session directory at once failed a launch now and
+# then ("A call to mkdir was unable to create the desired directory: File exists").
 agent=$out/netns-agent.sh
 cat >"$agent" <<EOF
 #!/bin/sh
@@ -50,7 +53,9 @@ case "\$host" in
   ${NS[0]}) core=0 ;;
   *) core=$(($(nproc) - 1)) ;;
 esac
-exec ip netns exec "\$host" taskset -c "\$core" /bin/sh -c "\$*"
+sessions=/tmp/dptrain-netns-\$host
+mkdir -p "\$sessions"
+exec ip netns exec "\$host" env OMPI_MCA_orte_tmpdir_base="\$sessions" taskset -c "\$core" /bin/sh -c "\$*"
 EOF
 chmod +x "$agent"
 # rtc_hwloc_vmhole none: the daemons do not share their hwloc topology through a segment mapped at a
