@@ -27,8 +27,7 @@ namespace {
 
 using namespace simd;
 
-// Buffers of the calling thread that outlive a call: the kernels run every step, and fresh buffers of
-// this size come from mmap and fault every page in again each time.
+// Buffers of the calling thread that outlive a call (simd::thread_scratch), one per slot.
 enum Scratch {
   kInput,
   kGrids,
@@ -38,17 +37,11 @@ enum Scratch {
   kWeightSums,
   kBiasSums,
   kInputGradientWeights,
-  kInputGradientOut,
-  kScratchSlots
+  kInputGradientOut
 };
-float* scratch(Scratch slot, int64_t floats) {
-  thread_local std::array<AlignedFloats, kScratchSlots> buffers;
-  AlignedFloats& buffer = buffers[slot];
-  if (static_cast<int64_t>(buffer.size()) < floats) buffer.resize(static_cast<std::size_t>(floats));
-  return buffer.data();
-}
-float* zeroed_scratch(Scratch slot, int64_t floats) {
-  float* buffer = scratch(slot, floats);
+template <Scratch Slot>
+float* zeroed_scratch(int64_t floats) {
+  float* buffer = thread_scratch<Slot>(floats);
   std::fill_n(buffer, floats, 0.0f);
   return buffer;
 }
@@ -313,7 +306,7 @@ struct InputGradient {
   InputGradient(const Conv2dGeometry& g, const float* w)
       : in_channels(round_up(g.channels, kLanes)),
         weights(
-            zeroed_scratch(kInputGradientWeights, g.kernel_h * g.kernel_w * g.out_channels * in_channels)) {
+            zeroed_scratch<kInputGradientWeights>(g.kernel_h * g.kernel_w * g.out_channels * in_channels)) {
     const int64_t taps = g.kernel_h * g.kernel_w;
     for (int64_t o = 0; o < g.out_channels; ++o)
       for (int64_t c = 0; c < g.channels; ++c)
@@ -368,9 +361,9 @@ void forward(const Conv2dGeometry& g, const float* x, const float* w, const Plan
   const int64_t O = g.out_channels;
 #pragma omp parallel
   {
-    float* input = zeroed_scratch(kInput, l.input_floats);
-    float* grids = scratch(kGrids, O * l.grid + kLanes);
-    float* plane = scratch(kPlane, g.pixels() + kLanes);
+    float* input = zeroed_scratch<kInput>(l.input_floats);
+    float* grids = thread_scratch<kGrids>(O * l.grid + kLanes);
+    float* plane = thread_scratch<kPlane>(g.pixels() + kLanes);
 #pragma omp for schedule(static)
     for (int64_t sample = 0; sample < g.batch; ++sample) {
       pad_sample(g, l, x + sample * g.channels * g.height * g.width, input);
@@ -392,10 +385,10 @@ void backward(const Conv2dGeometry& g, const float* x, const float* w, float* gx
   // Chunks of samples whose output gradients and padded inputs fit in about half of L2.
   const int64_t chunk_samples =
       std::clamp<int64_t>(kChunkFloats / (gl.sample_floats() + input_floats), 1, g.batch);
-  float* grads = scratch(kGrads, chunk_samples * gl.sample_floats());
-  float* inputs = zeroed_scratch(kInputs, chunk_samples * input_floats);
-  float* weight_sums = zeroed_scratch(kWeightSums, gw ? K * gl.channels : 0);
-  float* bias_sums = zeroed_scratch(kBiasSums, gbias ? gl.channels : 0);
+  float* grads = thread_scratch<kGrads>(chunk_samples * gl.sample_floats());
+  float* inputs = zeroed_scratch<kInputs>(chunk_samples * input_floats);
+  float* weight_sums = zeroed_scratch<kWeightSums>(gw ? K * gl.channels : 0);
+  float* bias_sums = zeroed_scratch<kBiasSums>(gbias ? gl.channels : 0);
   std::optional<InputGradient> input_gradient;
   if (gx) input_gradient.emplace(g, w);
   // The weight gradient in passes over groups of taps, one work item each, and one for the bias.
@@ -403,7 +396,8 @@ void backward(const Conv2dGeometry& g, const float* x, const float* w, float* gx
   const int64_t groups = gw ? (K + taps_per_pass - 1) / taps_per_pass : 0;
 #pragma omp parallel
   {
-    float* out = gx ? scratch(kInputGradientOut, gl.input_rows * input_gradient->in_channels) : nullptr;
+    float* out =
+        gx ? thread_scratch<kInputGradientOut>(gl.input_rows * input_gradient->in_channels) : nullptr;
     for (int64_t first = 0; first < g.batch; first += chunk_samples) {
       const int64_t samples = std::min(chunk_samples, g.batch - first);
 #pragma omp for schedule(static)

@@ -196,11 +196,10 @@ void forward(const Conv2dGeometry& g, const float* x, const float* w,
     const int64_t rows = (share + kRowMultiple - 1) / kRowMultiple * kRowMultiple;
     const int64_t o0 = std::min(O, omp_get_thread_num() * rows), o1 = std::min(O, o0 + rows);
     std::fill(sums + o0 * P * B, sums + o1 * P * B, 0.0f);
-    for (const Run& run : runs)
-      if (o0 < o1)
-        gemm(o1 - o0, run.length * B, C, {by_tap + (run.tap * O + o0) * C, C},
-             {input + run.first_input * B, Q * B}, sums + o0 * P * B + run.first_output * B, P * B,
-             /*accumulate=*/true);
+    for (const Run& run : runs)  // a thread without channels calls it with no rows: a no-op
+      gemm(o1 - o0, run.length * B, C, {by_tap + (run.tap * O + o0) * C, C},
+           {input + run.first_input * B, Q * B}, sums + o0 * P * B + run.first_output * B, P * B,
+           /*accumulate=*/true);
     float* plane = thread_scratch<kPlane>(P);
     for (int64_t o = o0; o < o1; ++o)
       for (int64_t b = 0; b < B; ++b) {

@@ -30,15 +30,8 @@ constexpr int kRows = kLanes >= 16 ? 8 : 4;
 constexpr int kPackets = 3;
 constexpr int64_t kDepth = kGemmDepthBlock;
 
-// A buffer of the calling thread that outlives the call: fresh buffers of this size come from mmap
-// and fault every page in again on every call.
-enum Scratch { kPackedLeft, kPaddedColumns, kScratchSlots };
-float* scratch(Scratch slot, int64_t floats) {
-  thread_local std::vector<AlignedFloats> buffers(kScratchSlots);
-  AlignedFloats& buffer = buffers[slot];
-  if (static_cast<int64_t>(buffer.size()) < floats) buffer.resize(static_cast<std::size_t>(floats));
-  return buffer.data();
-}
+// Buffers of the calling thread that outlive the call (simd::thread_scratch), one per slot.
+enum Scratch { kPackedLeft, kPaddedColumns };
 
 // The row blocks of A that the tiles cannot read in place are packed: all of a transposed A, and of A
 // as it lies only a last block of fewer than kRows rows. Block b (rows from b * kRows) is at
@@ -130,7 +123,7 @@ void gemm(int64_t m, int64_t n, int64_t k, Operand a, Operand b, float* y, int64
     return;
   }
   const int64_t first_packed = first_packed_block(m, a);
-  float* packed = scratch(kPackedLeft, ((m + kRows - 1) / kRows - first_packed) * kRows * k);
+  float* packed = thread_scratch<kPackedLeft>(((m + kRows - 1) / kRows - first_packed) * kRows * k);
   pack_left(m, k, a, packed);
   // Column blocks of kPackets packets; where that would leave a last block of one packet (8
   // accumulators, too few to hide the multiply-add's latency), the last two have two each.
@@ -154,7 +147,7 @@ void gemm(int64_t m, int64_t n, int64_t k, Operand a, Operand b, float* y, int64
       // the kernel's loads are contiguous and stay inside B; every row block of A reuses the copy.
       if (b.transposed || cols % kLanes != 0) {
         const int64_t padded_stride = packets * kLanes;
-        float* padded = scratch(kPaddedColumns, depth * padded_stride);
+        float* padded = thread_scratch<kPaddedColumns>(depth * padded_stride);
         for (int64_t kk = 0; kk < depth; ++kk)
           std::fill(padded + kk * padded_stride + cols, padded + (kk + 1) * padded_stride, 0.0f);
         if (b.transposed) {
