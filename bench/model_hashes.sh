@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # sha256 of the final model.safetensors in the runs that a refactor must leave bit for bit alike:
 # MNIST 1 epoch at np 1 and 2, fp16 at np 2, PowerSGD at np 2 (200 steps), deterministic mode at np 1
-# and 4, resnet20 with SyncBN at np 2 (20 steps, synthetic data), and a kill -9 at step 60 resumed
+# and 4, resnet20 with and without SyncBN at np 2 (20 steps, synthetic data), and a kill -9 at step 60 resumed
 # from the step-50 checkpoint. Run it with the old and the new build's trainer and compare the lines.
 #
 #   bench/model_hashes.sh TRAINER OUTDIR      (needs data/mnist; one thread per rank)
@@ -33,6 +33,9 @@ run deterministic_np4 4 configs/mnist.json --set training.max_steps=40 --set dis
 run resnet20_syncbn_np2 2 configs/resnet20_fashion_mnist.json --set data.dataset=synthetic --set data.batch_size=16 \
   --set data.synthetic.samples=512 --set data.synthetic.test_samples=64 --set training.max_steps=20 \
   --set distributed.sync_batchnorm=true --set optimizer.warmup_epochs=0
+run resnet20_np2 2 configs/resnet20_fashion_mnist.json --set data.dataset=synthetic --set data.batch_size=16 \
+  --set data.synthetic.samples=512 --set data.synthetic.test_samples=64 --set training.max_steps=20 \
+  --set optimizer.warmup_epochs=0
 killed=(--set training.max_steps=120 --set checkpoint.every_steps=50)
 rm -rf "${out:?}/kill_resume"
 DPTRAIN_INJECT_FAULT=1:60:kill mpirun --oversubscribe -np 2 "$trainer" --config configs/mnist.json "${common[@]}" \

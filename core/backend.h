@@ -188,6 +188,19 @@ class Backend {
   virtual void batchnorm_backward_input(const float* gy, const float* relu_y, const float* x,
                                         const float* stats, const float* gamma, const double* grad_sums,
                                         const double* sums, GradientOut gx, BatchNormShape s) = 0;
+  // Training with the batch's own statistics (no SyncBatchNorm, whose sums are added across ranks
+  // between the kernels): each direction's kernels as one call, with their results bit for bit.
+  // Forward: sums, squares, batch_stats, normalize. Backward: backward_reduce, then (gx not null)
+  // backward_input. The defaults run them in turn; a backend overrides them to take the passes over
+  // a channel while it is in cache (the CPU's).
+  virtual void batchnorm_train_forward(const float* x, const float* gamma, const float* beta, double* sums,
+                                       double* squares, float* stats, float* running_mean, float* running_var,
+                                       float* y, BatchNormShape s, BatchNormEpilogue epilogue, float eps,
+                                       float momentum);
+  virtual void batchnorm_train_backward(const float* gy, const float* relu_y, const float* x,
+                                        const float* stats, const float* gamma, const double* sums,
+                                        double* grad_sums, float* ggamma, float* gbeta, GradientOut gresidual,
+                                        GradientOut gx, BatchNormShape s);
 
   // ---- global average pooling: y [planes] = mean of each plane of `plane_size` elements ----
   virtual void mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size) = 0;

@@ -34,6 +34,24 @@ void Backend::conv2d_relu_maxpool_backward(const float* gy, const int32_t* argma
   conv2d_backward(gconv.as<float>(), x, w, mask.as<float>(), gx, gw, gbias, g.conv);
 }
 
+void Backend::batchnorm_train_forward(const float* x, const float* gamma, const float* beta, double* sums,
+                                      double* squares, float* stats, float* running_mean, float* running_var,
+                                      float* y, BatchNormShape s, BatchNormEpilogue epilogue, float eps,
+                                      float momentum) {
+  batchnorm_sums(x, sums, s);
+  batchnorm_squares(x, sums, squares, s);
+  batchnorm_batch_stats(sums, squares, stats, running_mean, running_var, s.channels, eps, momentum);
+  batchnorm_normalize(x, stats, gamma, beta, y, s, epilogue);
+}
+
+void Backend::batchnorm_train_backward(const float* gy, const float* relu_y, const float* x,
+                                       const float* stats, const float* gamma, const double* sums,
+                                       double* grad_sums, float* ggamma, float* gbeta, GradientOut gresidual,
+                                       GradientOut gx, BatchNormShape s) {
+  batchnorm_backward_reduce(gy, relu_y, x, stats, grad_sums, ggamma, gbeta, gresidual, s);
+  if (gx) batchnorm_backward_input(gy, relu_y, x, stats, gamma, grad_sums, sums, gx, s);
+}
+
 void* Backend::upload(const void* host_src, std::size_t bytes) {
   void* p = allocate(bytes);
   try {

@@ -227,24 +227,32 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   const Device device = x.device();
   StoragePtr sums = make_storage(sizeof(double) * (channels + 1), device);
   StoragePtr stats = make_storage(sizeof(float) * 2 * channels, device);
-  if (o.training) {
-    StoragePtr squares = make_storage(sizeof(double) * channels, device);
-    backend.batchnorm_sums(x.data_ptr(), sums->as<double>(), s);
-    if (o.sync) o.sync->sum(sums->as<double>(), channels + 1, device, "SyncBatchNorm sums");
-    backend.batchnorm_squares(x.data_ptr(), sums->as<double>(), squares->as<double>(), s);
-    if (o.sync) o.sync->sum(squares->as<double>(), channels, device, "SyncBatchNorm squares");
-    backend.batchnorm_batch_stats(sums->as<double>(), squares->as<double>(), stats->as<float>(),
-                                  running_mean.defined() ? running_mean.data_ptr() : nullptr,
-                                  running_var.defined() ? running_var.data_ptr() : nullptr, channels, o.eps,
-                                  o.momentum);
-  } else {
-    backend.batchnorm_running_stats(running_mean.data_ptr(), running_var.data_ptr(), stats->as<float>(),
-                                    channels, o.eps);
-  }
   Tensor out = Tensor::empty(x.shape(), device);
   const Tensor residual = o.residual;
-  backend.batchnorm_normalize(x.data_ptr(), stats->as<float>(), weight.data_ptr(), bias.data_ptr(),
-                              out.data_ptr(), s, {.residual = data_if_defined(residual), .relu = o.relu});
+  const BatchNormEpilogue epilogue{.residual = data_if_defined(residual), .relu = o.relu};
+  float* const running_mean_data = running_mean.defined() ? running_mean.data_ptr() : nullptr;
+  float* const running_var_data = running_var.defined() ? running_var.data_ptr() : nullptr;
+  if (o.training && !o.sync) {
+    StoragePtr squares = make_storage(sizeof(double) * channels, device);
+    backend.batchnorm_train_forward(x.data_ptr(), weight.data_ptr(), bias.data_ptr(), sums->as<double>(),
+                                    squares->as<double>(), stats->as<float>(), running_mean_data,
+                                    running_var_data, out.data_ptr(), s, epilogue, o.eps, o.momentum);
+  } else {
+    if (o.training) {  // SyncBatchNorm: every rank's sums, then squares around the global mean
+      StoragePtr squares = make_storage(sizeof(double) * channels, device);
+      backend.batchnorm_sums(x.data_ptr(), sums->as<double>(), s);
+      o.sync->sum(sums->as<double>(), channels + 1, device, "SyncBatchNorm sums");
+      backend.batchnorm_squares(x.data_ptr(), sums->as<double>(), squares->as<double>(), s);
+      o.sync->sum(squares->as<double>(), channels, device, "SyncBatchNorm squares");
+      backend.batchnorm_batch_stats(sums->as<double>(), squares->as<double>(), stats->as<float>(),
+                                    running_mean_data, running_var_data, channels, o.eps, o.momentum);
+    } else {
+      backend.batchnorm_running_stats(running_mean.data_ptr(), running_var.data_ptr(), stats->as<float>(),
+                                      channels, o.eps);
+    }
+    backend.batchnorm_normalize(x.data_ptr(), stats->as<float>(), weight.data_ptr(), bias.data_ptr(),
+                                out.data_ptr(), s, epilogue);
+  }
   if (autograd::any_requires_grad({&x, &weight, &bias, &residual})) {
     const bool training = o.training, relu = o.relu;
     CrossReplicaSum* sync = o.sync;
@@ -256,6 +264,15 @@ Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, con
           const float* relu_y = relu ? out.data_ptr() : nullptr;
           // weight and bias take this replica's sums: the gradient reduction adds the
           // replicas' later.
+          if (training && !sync) {
+            // The residual's gradient first, as below: were it x itself, x's would add to it.
+            const GradientOut gresidual = gradient_out_if_wanted(residual);
+            const GradientOut gx = gradient_out_if_wanted(x);
+            backend.batchnorm_train_backward(out.grad_ptr(), relu_y, x.data_ptr(), stats->as<float>(),
+                                             weight.data_ptr(), sums->as<double>(), grad_sums->as<double>(),
+                                             grad_if_wanted(weight), grad_if_wanted(bias), gresidual, gx, s);
+            return;
+          }
           backend.batchnorm_backward_reduce(out.grad_ptr(), relu_y, x.data_ptr(), stats->as<float>(),
                                             grad_sums->as<double>(), grad_if_wanted(weight),
                                             grad_if_wanted(bias), gradient_out_if_wanted(residual), s);

@@ -145,6 +145,20 @@ void CpuBackend::batchnorm_backward_input(const float* gy, const float* relu_y, 
                                           const double* sums, GradientOut gx, BatchNormShape s) {
   cpu::batchnorm_backward_input(gy, relu_y, x, stats, gamma, grad_sums, sums, gx, s);
 }
+void CpuBackend::batchnorm_train_forward(const float* x, const float* gamma, const float* beta, double* sums,
+                                         double* squares, float* stats, float* running_mean,
+                                         float* running_var, float* y, BatchNormShape s,
+                                         BatchNormEpilogue epilogue, float eps, float momentum) {
+  cpu::batchnorm_train_forward(x, gamma, beta, sums, squares, stats, running_mean, running_var, y, s,
+                               epilogue, eps, momentum);
+}
+void CpuBackend::batchnorm_train_backward(const float* gy, const float* relu_y, const float* x,
+                                          const float* stats, const float* gamma, const double* sums,
+                                          double* grad_sums, float* ggamma, float* gbeta,
+                                          GradientOut gresidual, GradientOut gx, BatchNormShape s) {
+  cpu::batchnorm_train_backward(gy, relu_y, x, stats, gamma, sums, grad_sums, ggamma, gbeta, gresidual, gx,
+                                s);
+}
 void CpuBackend::mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size) {
   cpu::mean_planes(x, y, planes, plane_size);
 }

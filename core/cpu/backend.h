@@ -57,6 +57,14 @@ class CpuBackend final : public HostMemory {
   void batchnorm_backward_input(const float* gy, const float* relu_y, const float* x, const float* stats,
                                 const float* gamma, const double* grad_sums, const double* sums,
                                 GradientOut gx, BatchNormShape s) override;
+  void batchnorm_train_forward(const float* x, const float* gamma, const float* beta, double* sums,
+                               double* squares, float* stats, float* running_mean, float* running_var,
+                               float* y, BatchNormShape s, BatchNormEpilogue epilogue, float eps,
+                               float momentum) override;
+  void batchnorm_train_backward(const float* gy, const float* relu_y, const float* x, const float* stats,
+                                const float* gamma, const double* sums, double* grad_sums, float* ggamma,
+                                float* gbeta, GradientOut gresidual, GradientOut gx,
+                                BatchNormShape s) override;
   void mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size) override;
   void mean_planes_backward(const float* gy, float* gx, int64_t planes, int64_t plane_size) override;
   void activation(Activation f, const float* x, float* y, int64_t n) override;

@@ -45,6 +45,12 @@ void batchnorm_backward_reduce(const float* gy, const float* relu_y, const float
 void batchnorm_backward_input(const float* gy, const float* relu_y, const float* x, const float* stats,
                               const float* gamma, const double* grad_sums, const double* sums, GradientOut gx,
                               BatchNormShape s);
+void batchnorm_train_forward(const float* x, const float* gamma, const float* beta, double* sums,
+                             double* squares, float* stats, float* running_mean, float* running_var, float* y,
+                             BatchNormShape s, BatchNormEpilogue epilogue, float eps, float momentum);
+void batchnorm_train_backward(const float* gy, const float* relu_y, const float* x, const float* stats,
+                              const float* gamma, const double* sums, double* grad_sums, float* ggamma,
+                              float* gbeta, GradientOut gresidual, GradientOut gx, BatchNormShape s);
 void mean_planes(const float* x, float* y, int64_t planes, int64_t plane_size);
 void mean_planes_backward(const float* gy, float* gx, int64_t planes, int64_t plane_size);
 

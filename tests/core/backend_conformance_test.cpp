@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <ostream>
@@ -411,9 +412,13 @@ std::vector<Case> cases() {
                  [](const std::vector<Tensor>& t) { return ops::maxpool2d(t[0], 2, 1, 1); },
                  kExact});
   // batch_norm: x, weight, bias differentiable; running statistics as constants, compared after
-  // the two passes (training moves them, evaluation only reads them)
-  for (const auto& [shape, training] : std::vector<std::pair<Shape, bool>>{
-           {{4, 3, 5, 7}, true}, {{16, 64, 8, 8}, true}, {{13, 7}, true}, {{4, 3, 5, 7}, false}}) {
+  // the two passes (training moves them, evaluation only reads them). [8, 33, 32, 32] is above the
+  // size where the CPU's training backward takes a channel at a time.
+  for (const auto& [shape, training] : std::vector<std::pair<Shape, bool>>{{{4, 3, 5, 7}, true},
+                                                                           {{16, 64, 8, 8}, true},
+                                                                           {{8, 33, 32, 32}, true},
+                                                                           {{13, 7}, true},
+                                                                           {{4, 3, 5, 7}, false}}) {
     const int64_t c = shape[1];
     out.push_back(
         {"batch_norm",
@@ -426,7 +431,7 @@ std::vector<Case> cases() {
   }
   // batch_norm with its epilogue, relu(bn(x) + residual) (ResNet blocks' tails), residual differentiable
   for (const auto& [shape, training] : std::vector<std::pair<Shape, bool>>{
-           {{4, 3, 5, 7}, true}, {{8, 64, 7, 7}, true}, {{4, 3, 5, 7}, false}})
+           {{4, 3, 5, 7}, true}, {{8, 64, 7, 7}, true}, {{4, 17, 66, 66}, true}, {{4, 3, 5, 7}, false}})
     for (const bool residual : {false, true}) {
       const int64_t c = shape[1];
       std::vector<Input> inputs = {in(shape), in({c}, Fill::kPositive), in({c}), constant({c}),
@@ -603,6 +608,115 @@ TEST(Fused, BatchNormAddReluIsItsPartsBitwise) {
             EXPECT_TRUE(within(a.constants_after[0], b.constants_after[0], kExact))
                 << what << ": running mean";
           }
+}
+
+// Training's BatchNorm kernels as one call per direction (what the CPU backend runs a channel at a
+// time) give the results of the separate kernels, which SyncBatchNorm runs and which Backend's
+// defaults call in turn, bit for bit: output, statistics, running statistics and every gradient, with
+// each epilogue, below and above the size where the CPU's backward takes a channel at a time. The first
+// backward writes the one call's gradients over NaN and adds the separate kernels' into zeros; the
+// second adds into what the first left, on both sides.
+TEST(Fused, BatchNormTrainingKernelsAreTheSeparateOnesBitwise) {
+  std::vector<Device> devices = devices_under_test();
+  devices.push_back(Device::reference());
+  for (const Device device : devices)
+    for (const BatchNormShape s :
+         {BatchNormShape{4, 3, 35}, BatchNormShape{3, 5, 1}, BatchNormShape{8, 33, 1024}})
+      for (const bool residual : {false, true})
+        for (const bool relu : {false, true}) {
+          Backend& backend = backend_for(device);
+          const Shape shape{s.batch, s.channels, s.inner}, channels{s.channels};
+          const auto values = [](const Shape& sh, uint64_t seed, Fill fill = Fill::kUniform) {
+            return host_values({sh, fill, false}, seed);
+          };
+          const auto run = [&](bool one_call) {
+            const auto on = [&](const Shape& sh, const std::vector<float>& v) {
+              return Tensor::from_data(sh, v).to(device);
+            };
+            const Tensor x = on(shape, values(shape, 1)), gy = on(shape, values(shape, 2));
+            const Tensor shortcut = on(shape, values(shape, 3)),
+                         gamma = on(channels, values(channels, 4, Fill::kPositive));
+            const Tensor beta = on(channels, values(channels, 5)),
+                         running_mean = on(channels, values(channels, 6));
+            const Tensor running_var = on(channels, values(channels, 7, Fill::kPositive));
+            const Tensor y = Tensor::empty(shape, device), stats = Tensor::empty({2 * s.channels}, device);
+            const Tensor ggamma = Tensor::zeros(channels, device), gbeta = Tensor::zeros(channels, device);
+            const float first = one_call ? NAN : 0.0f;
+            const Tensor gx = Tensor::full(shape, first).to(device);
+            const Tensor gresidual = Tensor::full(shape, residual ? first : 0.0f).to(device);
+            const StoragePtr sums = make_storage(sizeof(double) * (s.channels + 1), device);
+            const StoragePtr squares = make_storage(sizeof(double) * s.channels, device);
+            const StoragePtr grad_sums = make_storage(sizeof(double) * 2 * s.channels, device);
+            const BatchNormEpilogue epilogue{.residual = residual ? shortcut.data_ptr() : nullptr,
+                                             .relu = relu};
+            if (one_call)
+              backend.batchnorm_train_forward(x.data_ptr(), gamma.data_ptr(), beta.data_ptr(),
+                                              sums->as<double>(), squares->as<double>(), stats.data_ptr(),
+                                              running_mean.data_ptr(), running_var.data_ptr(), y.data_ptr(),
+                                              s, epilogue, 1e-5f, 0.1f);
+            else
+              backend.Backend::batchnorm_train_forward(
+                  x.data_ptr(), gamma.data_ptr(), beta.data_ptr(), sums->as<double>(), squares->as<double>(),
+                  stats.data_ptr(), running_mean.data_ptr(), running_var.data_ptr(), y.data_ptr(), s,
+                  epilogue, 1e-5f, 0.1f);
+            for (int pass = 0; pass < 2; ++pass) {
+              const bool write = one_call && pass == 0;
+              const GradientOut to_residual =
+                  residual ? GradientOut(gresidual.data_ptr(), write) : GradientOut();
+              const GradientOut to_x(gx.data_ptr(), write);
+              const float* relu_y = relu ? y.data_ptr() : nullptr;
+              if (one_call)
+                backend.batchnorm_train_backward(gy.data_ptr(), relu_y, x.data_ptr(), stats.data_ptr(),
+                                                 gamma.data_ptr(), sums->as<double>(),
+                                                 grad_sums->as<double>(), ggamma.data_ptr(), gbeta.data_ptr(),
+                                                 to_residual, to_x, s);
+              else
+                backend.Backend::batchnorm_train_backward(
+                    gy.data_ptr(), relu_y, x.data_ptr(), stats.data_ptr(), gamma.data_ptr(),
+                    sums->as<double>(), grad_sums->as<double>(), ggamma.data_ptr(), gbeta.data_ptr(),
+                    to_residual, to_x, s);
+            }
+            // Everything as doubles (floats convert exactly), compared byte for byte.
+            std::vector<std::vector<double>> out;
+            for (const Tensor& t : {y, stats, running_mean, running_var, ggamma, gbeta, gresidual, gx}) {
+              const std::vector<float> v = t.to_vector();
+              out.emplace_back(v.begin(), v.end());
+            }
+            for (const auto& [storage, n] : {std::pair{sums, s.channels + 1}, std::pair{squares, s.channels},
+                                             std::pair{grad_sums, 2 * s.channels}}) {
+              out.emplace_back(static_cast<std::size_t>(n));
+              backend.copy_to_host(out.back().data(), storage->data(), sizeof(double) * out.back().size());
+            }
+            return out;
+          };
+          const std::vector<std::vector<double>> one_call = run(true), separate = run(false);
+          static const char* const names[] = {"y",
+                                              "stats",
+                                              "running mean",
+                                              "running variance",
+                                              "gamma's gradient",
+                                              "beta's gradient",
+                                              "residual's gradient",
+                                              "x's gradient",
+                                              "sums",
+                                              "squares",
+                                              "gradient sums"};
+          const std::string what = device.str() + " [" + std::to_string(s.batch) + ", " +
+                                   std::to_string(s.channels) + ", " + std::to_string(s.inner) + "]" +
+                                   (residual ? " + residual" : "") + (relu ? ", ReLU" : "");
+          ASSERT_EQ(one_call.size(), std::size(names));
+          for (std::size_t k = 0; k < one_call.size(); ++k) {
+            const bool same =
+                one_call[k].size() == separate[k].size() &&
+                std::memcmp(one_call[k].data(), separate[k].data(), sizeof(double) * one_call[k].size()) == 0;
+            EXPECT_TRUE(same) << what << ": " << names[k] << " differs";
+          }
+          for (const std::size_t written : {std::size_t{6}, std::size_t{7}}) {  // no NaN of the buffer left
+            const std::vector<double>& v = one_call[written];
+            EXPECT_TRUE(std::none_of(v.begin(), v.end(), [](double e) { return std::isnan(e); }))
+                << what << ": " << names[written] << " was added into, not written";
+          }
+        }
 }
 
 // ---- gradients written rather than added into (GradientOut::overwrite) ----
