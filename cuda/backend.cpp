@@ -41,9 +41,16 @@ CudaBackend::CudaBackend(int device_index, CudaOptions options) : index_(device_
   upload_props.allocType = cudaMemAllocationTypePinned;
   upload_props.location.type = cudaMemLocationTypeDevice;
   upload_props.location.id = index_;
-  DPTRAIN_CUDA_CHECK(cudaMemPoolCreate(&upload_pool_, &upload_props));
-  DPTRAIN_CUDA_CHECK(
-      cudaMemPoolSetAttribute(upload_pool_, cudaMemPoolAttrReleaseThreshold, &keep_everything));
+  // A pool of its own is an optimisation: where a virtualised driver refuses one, upload() takes the
+  // default pool's path (Backend::upload: the copy then waits for all queued compute) instead of the
+  // backend failing.
+  if (cudaMemPoolCreate(&upload_pool_, &upload_props) != cudaSuccess) {
+    cudaGetLastError();
+    upload_pool_ = nullptr;
+  } else {
+    DPTRAIN_CUDA_CHECK(
+        cudaMemPoolSetAttribute(upload_pool_, cudaMemPoolAttrReleaseThreshold, &keep_everything));
+  }
   DPTRAIN_CUBLAS_CHECK(cublasCreate(&cublas_));
   DPTRAIN_CUBLAS_CHECK(cublasSetStream(cublas_, compute_));
   // Plain fp32 unless TF32 is asked for: the results then agree with the CPU to float rounding.
@@ -95,6 +102,11 @@ void CudaBackend::release_cached() {
   cublas_lt_ = nullptr;
   cublas_ = nullptr;
   cudaStreamSynchronize(compute_);
+  // The pools keep every freed block (the release threshold above); hand them back to the driver.
+  cudaStreamSynchronize(upload_stream_);
+  if (upload_pool_) cudaMemPoolTrimTo(upload_pool_, 0);
+  cudaMemPool_t pool;
+  if (cudaDeviceGetDefaultMemPool(&pool, index_) == cudaSuccess) cudaMemPoolTrimTo(pool, 0);
 }
 
 // Every entry point runs with this backend's GPU current on the calling thread: a process may drive
@@ -187,6 +199,7 @@ void CudaBackend::copy_from_host(void* dst, const void* host_src, std::size_t by
 void* CudaBackend::upload(const void* host_src, std::size_t bytes) {
   make_current();
   if (bytes == 0) return nullptr;
+  if (upload_pool_ == nullptr) return Backend::upload(host_src, bytes);
   Pinned& slot = batch_upload_[next_batch_upload_];
   void* staging = stage(batch_upload_, next_batch_upload_, host_src, bytes);
   // A block of the upload pool, free in upload_stream_'s order: a batch released by the compute
@@ -202,6 +215,7 @@ void* CudaBackend::upload(const void* host_src, std::size_t bytes) {
     cudaFreeAsync(dst, upload_stream_);
     throw;
   }
+  DPTRAIN_CUDA_SYNC_POINT("upload (cudaMemcpyAsync on the upload stream)");
   return dst;
 }
 
