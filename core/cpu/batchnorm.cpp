@@ -4,11 +4,12 @@
 // planes, contiguous and vectorised. The epilogue (+ residual, ReLU) and its backward are compiled in
 // per variant, so that the plain normalisation's loops stay as they were.
 //
-// Training without SyncBatchNorm runs each direction as one kernel a channel at a time: the forward's
-// sums, squares and normalisation, the backward's reduction and input gradient. A channel's planes
-// (at most 784 kB in ResNet-50 at batch 16) come from memory for the first pass and from cache for
-// the others, where the separate kernels stream the whole tensor through memory for each. Both forms
-// run the same out-of-line loops per plane in the same order, so their results agree bit for bit.
+// Training without SyncBatchNorm runs each direction as one call. The forward takes a channel's sum
+// and its squares back to back, the second from cache, then normalises as the separate kernel does;
+// above a size the backward takes a channel's reduction and then its input gradient, again the
+// second pass from cache (a channel is at most 784 kB per tensor in ResNet-50 at batch 16). Both
+// forms run the same out-of-line per-channel sums in the same order, so their results agree bit for
+// bit with the separate kernels'.
 #include <cmath>
 #include <vector>
 
@@ -109,19 +110,6 @@ void normalize(const float* x, const float* stats, const float* gamma, const flo
     normalize_plane<kResidual, kRelu>(x + at, kResidual ? residual + at : nullptr, y + at,
                                       Affine(stats, gamma, beta, c, s.channels), s.inner);
   });
-}
-
-template <bool kResidual, bool kRelu>
-void train_forward(const float* x, const float* gamma, const float* beta, double* sums, double* squares,
-                   float* stats, float* running_mean, float* running_var, const float* residual, float* y,
-                   BatchNormShape s, float eps, float momentum) {
-  sums[s.channels] = static_cast<double>(s.batch * s.inner);
-  for_each_channel(s, [&](int64_t c) {
-    sums[c] = channel_sum(x, c, s);
-    squares[c] = channel_squares(x, sums, c, s);
-    channel_batch_stats(c, sums, squares, stats, running_mean, running_var, s.channels, eps, momentum);
-  });
-  normalize<kResidual, kRelu>(x, stats, gamma, beta, residual, y, s);
 }
 
 // One plane's sums of g and g * (x - mean). Every variant of the reduction runs this one loop, out of
@@ -279,9 +267,13 @@ void batchnorm_normalize(const float* x, const float* stats, const float* gamma,
 void batchnorm_train_forward(const float* x, const float* gamma, const float* beta, double* sums,
                              double* squares, float* stats, float* running_mean, float* running_var, float* y,
                              BatchNormShape s, BatchNormEpilogue e, float eps, float momentum) {
-  const auto run = e.residual ? (e.relu ? train_forward<true, true> : train_forward<true, false>)
-                              : (e.relu ? train_forward<false, true> : train_forward<false, false>);
-  run(x, gamma, beta, sums, squares, stats, running_mean, running_var, e.residual, y, s, eps, momentum);
+  sums[s.channels] = static_cast<double>(s.batch * s.inner);
+  for_each_channel(s, [&](int64_t c) {
+    sums[c] = channel_sum(x, c, s);
+    squares[c] = channel_squares(x, sums, c, s);
+    channel_batch_stats(c, sums, squares, stats, running_mean, running_var, s.channels, eps, momentum);
+  });
+  batchnorm_normalize(x, stats, gamma, beta, y, s, e);
 }
 
 void batchnorm_backward_reduce(const float* gy, const float* relu_y, const float* x, const float* stats,
