@@ -8,9 +8,10 @@
 //
 // Each cell repeats until --seconds have passed (at least 5 times) and reports the median time of
 // batches; the time is the max over ranks. Ratio = raw time / our time (>= 1 means we are faster);
-// "no-chk" is the same reduction with distributed.check_finite off. Ours reduces the trainer's way:
-// where the ranks share a host, in shared memory (--shared-memory false: through MPI). Rank 0 ends
-// with one "RESULT {json}" line per row.
+// "no-chk" is the same reduction with distributed.check_finite off (in shared memory the check is
+// part of the sums, so the two should match; through MPI it is a pass of its own). Ours reduces the
+// trainer's way: where the ranks share a host, in shared memory (--shared-memory false: through MPI).
+// Rank 0 ends with one "RESULT {json}" line per row.
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>

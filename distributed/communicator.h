@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -95,6 +96,18 @@ class Communicator {
   }
   // Whether collectives on `data` (from allocate_reduction_buffer) run in shared memory.
   virtual bool reduces_in_shared_memory(const void* /*data*/) const { return false; }
+  // An fp32 sum in place, as start_allreduce with ReduceOp::kSum, that also finds out whether every
+  // element of the result is finite, where the implementation can tell without another pass over the
+  // result: in shared memory each rank tests its chunk while the sums are still in registers (a
+  // separate pass would read back the lines the peers just wrote, from their cores' caches). Sets
+  // *finite when wait() on the returned Pending returns, or, `synchronous`, before the call returns
+  // (the Pending is then inactive). Nullopt, with nothing started, where the implementation cannot
+  // tell: the caller reduces and tests the result itself.
+  virtual std::optional<Pending> start_sum_testing_finite(std::span<float> /*buffer*/, bool* /*finite*/,
+                                                          std::string /*what*/, std::string /*timeline_name*/,
+                                                          bool /*synchronous*/) {
+    return std::nullopt;
+  }
 
   // Asynchronous, in place. `what` names the collective in errors and stall warnings;
   // `timeline_name`, if given, is its span on the timeline.

@@ -343,6 +343,22 @@ Pending MpiCommunicator::start_allreduce_elements(void* data, std::size_t count,
   });
 }
 
+std::optional<Pending> MpiCommunicator::start_sum_testing_finite(std::span<float> buffer, bool* finite,
+                                                                 std::string what, std::string timeline_name,
+                                                                 bool synchronous) {
+  if (size_ == 1 || buffer.empty()) return std::nullopt;
+  auto segment = segment_for(buffer.data(), buffer.size(), DataType::kF32, ReduceOp::kSum);
+  if (!segment) return std::nullopt;
+  const auto run = [segment, buffer, finite, what] {
+    segment->allreduce(buffer.data(), buffer.size(), DataType::kF32, ReduceOp::kSum, what, finite);
+  };
+  if (!synchronous) return enqueue(what, std::move(timeline_name), run);
+  drain();
+  Watch watch(watchdog_.get(), 0, what);
+  run();
+  return Pending{};
+}
+
 Pending MpiCommunicator::start_reduce_scatter_elements(void* data, std::size_t chunk, DataType type,
                                                        ReduceOp op, std::string what,
                                                        std::string timeline_name) {

@@ -36,6 +36,9 @@ class MpiCommunicator final : public Communicator {
   bool accepts(Device device) const override { return device.is_host(); }
   StoragePtr allocate_reduction_buffer(std::size_t bytes, Device device) override;
   bool reduces_in_shared_memory(const void* data) const override;
+  // In a shared-memory segment only (SharedMemorySegment::allreduce tests the sums).
+  std::optional<Pending> start_sum_testing_finite(std::span<float> buffer, bool* finite, std::string what,
+                                                  std::string timeline_name, bool synchronous) override;
   // Collectives that ran in shared memory so far (tests and benches check the path taken).
   uint64_t shared_memory_collectives() const;
 

@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cstdio>
 #include <limits>
+#include <memory>
+#include <optional>
 
 #include "core/backend.h"
 #include "core/error.h"
@@ -65,6 +67,8 @@ GradientReducer::GradientReducer(Communicator& comm, const FlatParameters& param
   pending_.resize(buckets_.size());
   pending_tail_.resize(buckets_.size());
   launched_.assign(buckets_.size(), false);
+  tested_in_sum_.assign(buckets_.size(), false);
+  sum_finite_ = std::make_unique<bool[]>(buckets_.size());
   ready_count_.assign(buckets_.size(), 0);
   if (comm_.size() > 1 && options_.overlap) {
     for (std::size_t k = 0; k < count; ++k)
@@ -128,6 +132,7 @@ void GradientReducer::prepare(int64_t step) {
   next_launch_ = 0;
   std::fill(ready_count_.begin(), ready_count_.end(), 0);
   std::fill(launched_.begin(), launched_.end(), false);
+  std::fill(tested_in_sum_.begin(), tested_in_sum_.end(), false);
 }
 
 void GradientReducer::on_gradient_ready(std::size_t parameter) {
@@ -164,6 +169,22 @@ void GradientReducer::launch(std::size_t b, bool async) {
   if (shard_) {
     launch_reduce_scatter(b, wire, async);
     return;
+  }
+  // Where the communicator tests the sums for Inf and NaN as it makes them, finish() need not read
+  // the bucket again.
+  if (encoding_.encode == nullptr && options_.check_finite) {
+    std::optional<Pending> started;
+    if (async) {
+      started = comm_.start_sum_testing_finite(grads, &sum_finite_[b], label(b), span_name(), false);
+    } else {
+      timeline::Span span("allreduce bucket ", "communication", index);
+      started = comm_.start_sum_testing_finite(grads, &sum_finite_[b], label(b), {}, true);
+    }
+    if (started) {
+      pending_[b] = std::move(*started);
+      tested_in_sum_[b] = true;
+      return;
+    }
   }
   if (async) {
     pending_[b] = comm_.start_allreduce_elements(wire, grads.size(), encoding_.wire_type, ReduceOp::kSum,
@@ -243,7 +264,7 @@ void GradientReducer::finish() {
                            parameters_.grads().data_ptr() + r.offset, r.numel);
       }
     }
-    if (!options_.check_finite) continue;
+    if (!options_.check_finite || (tested_in_sum_[b] && sum_finite_[b])) continue;
     for (const FlatRange& r : completed_ranges(b)) {
       float* g = parameters_.grads().data_ptr() + r.offset;
       if (non_finite_flag_) {  // a device: no wait here for a flag that is almost never set
@@ -273,6 +294,7 @@ void GradientReducer::finish() {
     DPTRAIN_CHECK(culprit.empty(), culprit);
   // The next step may skip prepare() (no overlap): nothing counts as launched then.
   std::fill(launched_.begin(), launched_.end(), false);
+  std::fill(tested_in_sum_.begin(), tested_in_sum_.end(), false);
   times_.finish_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -35,9 +36,9 @@ struct ReducerOptions {
   double first_bucket_mb = 1;
   bool overlap = true;
   std::string encoding = "none";  // a registered wire encoding (distributed/gradient_encoding.h)
-  // Stop with an error naming the step, bucket and parameter when an average is Inf or NaN. Costs
-  // one read of the gradients per step (on this shared-memory machine ~10% of the allreduce itself;
-  // next to a network allreduce, nothing).
+  // Stop with an error naming the step, bucket and parameter when an average is Inf or NaN. Ranks
+  // that reduce in shared memory test the sums as they make them, at no cost; otherwise it costs one
+  // read of the gradients per step (next to a network allreduce, nothing).
   bool check_finite = true;
   // Reduce-scatter the buckets and leave the update of each chunk to its rank (see above).
   bool shard = false;
@@ -117,6 +118,10 @@ class GradientReducer {
   std::vector<Pending> pending_;       // per bucket
   std::vector<Pending> pending_tail_;  // per bucket, with `shard`: the tail's allreduce
   std::vector<bool> launched_;
+  // Per bucket: whether its sum was tested for Inf and NaN by the communicator (start_sum_testing_finite)
+  // this step, and the answer, which the communication thread writes.
+  std::vector<bool> tested_in_sum_;
+  std::unique_ptr<bool[]> sum_finite_;
   std::vector<std::size_t> ready_count_;
   std::size_t next_launch_ = 0;
   bool armed_ = false;

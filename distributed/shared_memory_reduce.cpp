@@ -9,11 +9,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
@@ -32,6 +34,10 @@ struct alignas(64) SlotData {
   uint32_t arrived;  // sequence number of the last collective this rank entered
   uint32_t reduced;  // ... whose chunk this rank has reduced into every buffer
   uint32_t kind, type, op;
+  // Whether the chunk this rank reduced in that collective holds an Inf or NaN (floats only). Written
+  // between `arrived` and `reduced`, so that a peer reads it after it sees `reduced`, before this
+  // rank can enter the next collective and write it again.
+  uint32_t not_finite;
   uint64_t offset, count;  // bytes from the start of the rank's buffer; elements
 };
 
@@ -95,14 +101,22 @@ std::string describe(const SlotData& s) {
 }
 
 // Elements [begin, end) of every buffer summed in rank order (and averaged), written to every buffer
-// or to `only`'s. Blocks of one cache line keep the sums in registers between the reads and writes.
+// or to `only`'s; whether any result is Inf or NaN. Blocks of one cache line keep the sums in
+// registers between the reads and writes, and the test of the results costs no pass of its own: Inf
+// and NaN are the floats whose exponent bits are all ones, an integer test ORed into one flag per
+// lane (with one flag for the whole block, the reduction of 4-64 MiB ran 2.1-2.2x slower).
 template <typename T>
-void sum_floats(T* const* buffers, int count, std::size_t begin, std::size_t end, bool average, int only) {
+bool sum_floats(T* const* buffers, int count, std::size_t begin, std::size_t end, bool average, int only) {
+  using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+  constexpr Bits kExponent = static_cast<Bits>(sizeof(T) == 4 ? 0x7f800000u : 0x7ff0000000000000u);
   constexpr std::size_t kBlock = 64 / sizeof(T);
   const T divisor = static_cast<T>(count);
+  Bits lane_not_finite[kBlock] = {};
   const auto finish = [&](T* sums, std::size_t at, std::size_t n) {
     if (average)
       for (std::size_t k = 0; k < n; ++k) sums[k] /= divisor;
+    for (std::size_t k = 0; k < n; ++k)
+      lane_not_finite[k] |= (std::bit_cast<Bits>(sums[k]) & kExponent) == kExponent ? Bits{1} : Bits{0};
     for (int q = 0; q < count; ++q)
       if (only < 0 || q == only)
         for (std::size_t k = 0; k < n; ++k) buffers[q][at + k] = sums[k];
@@ -120,6 +134,9 @@ void sum_floats(T* const* buffers, int count, std::size_t begin, std::size_t end
     for (int q = 1; q < count; ++q) sum += buffers[q][i];
     finish(&sum, i, 1);
   }
+  Bits any = 0;
+  for (Bits flag : lane_not_finite) any |= flag;
+  return any != 0;
 }
 
 // The same for halves: a running sum in half precision (rounded after each addend, as MPI's
@@ -265,9 +282,9 @@ void SharedMemorySegment::depart(uint32_t sequence) {
   ++collectives_;
 }
 
-void SharedMemorySegment::reduce_range(std::size_t offset, std::size_t begin, std::size_t end, DataType type,
+bool SharedMemorySegment::reduce_range(std::size_t offset, std::size_t begin, std::size_t end, DataType type,
                                        ReduceOp op, bool write_everywhere) const {
-  if (begin >= end) return;
+  if (begin >= end) return false;
   const int only = write_everywhere ? -1 : rank_;
   const bool average = op == ReduceOp::kAverage;
   switch (type) {
@@ -277,8 +294,9 @@ void SharedMemorySegment::reduce_range(std::size_t offset, std::size_t begin, st
       return sum_floats(buffers_at<double>(offset).data(), size_, begin, end, average, only);
     case DataType::kF16:
     case DataType::kBf16:
-      return sum_halves(buffers_at<uint16_t>(offset).data(), size_, begin, end,
-                        type == DataType::kF16 ? HalfFormat::kFp16 : HalfFormat::kBf16, only);
+      sum_halves(buffers_at<uint16_t>(offset).data(), size_, begin, end,
+                 type == DataType::kF16 ? HalfFormat::kFp16 : HalfFormat::kBf16, only);
+      return false;  // not tested: an encoding's halves are checked once decoded
     default:
       DPTRAIN_FAIL("shared-memory reduction of an unsupported type");
   }
@@ -293,15 +311,21 @@ std::size_t SharedMemorySegment::offset_of(const void* data, std::size_t count, 
 }
 
 void SharedMemorySegment::allreduce(void* data, std::size_t count, DataType type, ReduceOp op,
-                                    const std::string& what) {
+                                    const std::string& what, bool* finite) {
   const std::size_t offset = offset_of(data, count, type, op, "allreduce");
   const uint32_t sequence = arrive(offset, count, type, op, kAllreduce, what);
   // Chunks of whole cache lines, so that no two ranks write into one line.
   const std::size_t per_line = 64 / element_size(type), ranks = static_cast<std::size_t>(size_);
   const std::size_t chunk = round_up((count + ranks - 1) / ranks, per_line);
   const std::size_t begin = std::min(count, chunk * static_cast<std::size_t>(rank_));
-  reduce_range(offset, begin, std::min(count, begin + chunk), type, op, /*write_everywhere=*/true);
+  slot(base_, rank_).not_finite =
+      reduce_range(offset, begin, std::min(count, begin + chunk), type, op, /*write_everywhere=*/true);
   depart(sequence);
+  if (finite == nullptr) return;
+  DPTRAIN_CHECK(type == DataType::kF32 || type == DataType::kF64,
+                "shared-memory allreduce: only floats are tested for Inf and NaN");
+  *finite = true;
+  for (int q = 0; q < size_; ++q) *finite = *finite && slot(base_, q).not_finite == 0;
 }
 
 void SharedMemorySegment::reduce_scatter(void* data, std::size_t chunk, DataType type, ReduceOp op,

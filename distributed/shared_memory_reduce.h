@@ -40,7 +40,10 @@ class SharedMemorySegment {
   // In place over `count` elements at `data` (inside mine(), at the same offset on every rank): the
   // sum, or average, over the ranks, the same bits on every rank. Floats are added in rank order
   // (for two ranks a + b, as MPI_Allreduce); halves sum in half precision, one rounding per addend.
-  void allreduce(void* data, std::size_t count, DataType type, ReduceOp op, const std::string& what);
+  // With `finite` (floats only), also whether every element of the result is finite: each rank tests
+  // its chunk while the sums are in registers, and reads the peers' answers from their slots.
+  void allreduce(void* data, std::size_t count, DataType type, ReduceOp op, const std::string& what,
+                 bool* finite = nullptr);
   // `data` is size() chunks of `chunk` elements; chunk rank() becomes that chunk's sum (or average)
   // here, and no other chunk of any rank changes (Communicator::start_reduce_scatter leaves them
   // undefined).
@@ -66,8 +69,9 @@ class SharedMemorySegment {
   // `collective`, unless they lie inside it and this path reduces `type` with `op`.
   std::size_t offset_of(const void* data, std::size_t count, DataType type, ReduceOp op,
                         const char* collective) const;
-  // The element range [begin, end) of this rank's buffers that `rank` reduces, for every rank.
-  void reduce_range(std::size_t offset, std::size_t begin, std::size_t end, DataType type, ReduceOp op,
+  // The element range [begin, end) of this rank's buffers that `rank` reduces, for every rank;
+  // whether a result is Inf or NaN (floats; false for halves, which are not tested).
+  bool reduce_range(std::size_t offset, std::size_t begin, std::size_t end, DataType type, ReduceOp op,
                     bool write_everywhere) const;
   // Publishes this collective, waits for every rank, checks they agree; the sequence number.
   uint32_t arrive(std::size_t offset, std::size_t count, DataType type, ReduceOp op, int kind,

@@ -88,9 +88,17 @@ class SelfCommunicator final : public Communicator {
 };
 
 // A gradient reducer over `parameters` moved into flat buffers of their own (the trainer's layout).
+// With `in_reduction_buffer` the gradients live where the trainer puts them: in the communicator's
+// reduction buffer (shared memory for ranks on one host); otherwise in ordinary memory, through MPI.
 struct TestReducer {
-  TestReducer(Communicator& comm, std::vector<NamedTensor> parameters, ReducerOptions options)
-      : flat(std::move(parameters), Device::cpu()), reducer(comm, flat, options) {}
+  TestReducer(Communicator& comm, std::vector<NamedTensor> parameters, ReducerOptions options,
+              bool in_reduction_buffer = false)
+      : flat(std::move(parameters), Device::cpu(),
+             in_reduction_buffer ? BufferAllocator([&comm](std::size_t bytes) {
+               return comm.allocate_reduction_buffer(bytes, Device::cpu());
+             })
+                                 : BufferAllocator{}),
+        reducer(comm, flat, options) {}
   FlatParameters flat;
   GradientReducer reducer;
 };

@@ -537,38 +537,43 @@ TEST(GradientReducer, LargeGradientsAverageToAFiniteAccurateValue) {
 // every rank's average is not finite and finish() throws on every rank, naming step and parameter.
 // The weight is registered first, so it sits in the last bucket: the throw comes after every
 // bucket was waited on (an earlier bucket would leave later collectives in flight).
+// In shared memory the sums are tested as they are made (Communicator::start_sum_testing_finite),
+// through MPI by a pass over the result: both are run.
 TEST(GradientReducer, NonFiniteGradientOnOneRankThrowsNamingStepBucketAndParameter) {
   if (test::size() == 1) GTEST_SKIP() << "one rank: see NonFiniteGradientThrowsInAWorldOfOneToo";
   autograd::clear_tape();
   const int bad_rank = test::size() - 1;
-  for (const std::string compression : {"none", "fp16", "bf16"})
-    for (double fusion : {0.0, 128.0})
-      for (float poison : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
-        const Tensor w = Tensor::from_data({2, 3}, std::vector<float>(6, 0.5f), true);
-        const Tensor b = Tensor::from_data({2}, std::vector<float>(2, 0.0f), true);
-        MpiCommunicator comm(test::world());
-        test::TestReducer reducer_owner(comm, {{"dense_in.weight", w}, {"dense_in.bias", b}},
-                                        ReducerOptions{fusion, 1, true, compression});
-        GradientReducer& reducer = reducer_owner.reducer;
-        std::vector<float> xs(4 * 3, 1.0f);
-        if (test::rank() == bad_rank) xs[5] = poison;
-        reducer.prepare(17);
-        ops::sum(ops::linear(Tensor::from_data({4, 3}, xs), w, b)).backward(reducer.loss_scale(1));
-        std::string message;
-        try {
-          reducer.finish();
-        } catch (const Error& e) {
-          message = e.what();
+  for (bool shared_memory : {false, true})
+    for (const std::string compression : {"none", "fp16", "bf16"})
+      for (double fusion : {0.0, 128.0})
+        for (float poison :
+             {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+          const Tensor w = Tensor::from_data({2, 3}, std::vector<float>(6, 0.5f), true);
+          const Tensor b = Tensor::from_data({2}, std::vector<float>(2, 0.0f), true);
+          MpiCommunicator comm(test::world());
+          test::TestReducer reducer_owner(comm, {{"dense_in.weight", w}, {"dense_in.bias", b}},
+                                          ReducerOptions{fusion, 1, true, compression}, shared_memory);
+          ASSERT_EQ(comm.reduces_in_shared_memory(reducer_owner.flat.grads().data_ptr()), shared_memory);
+          GradientReducer& reducer = reducer_owner.reducer;
+          std::vector<float> xs(4 * 3, 1.0f);
+          if (test::rank() == bad_rank) xs[5] = poison;
+          reducer.prepare(17);
+          ops::sum(ops::linear(Tensor::from_data({4, 3}, xs), w, b)).backward(reducer.loss_scale(1));
+          std::string message;
+          try {
+            reducer.finish();
+          } catch (const Error& e) {
+            message = e.what();
+          }
+          const std::string what = compression + ", fusion " + std::to_string(fusion) + ", poison " +
+                                   std::to_string(poison) + (shared_memory ? ", shared memory" : ", MPI");
+          EXPECT_FALSE(message.empty()) << what << ": finish() did not throw on rank " << test::rank();
+          if (message.empty()) continue;
+          EXPECT_NE(message.find("step 17"), std::string::npos) << what << ": " << message;
+          EXPECT_NE(message.find("dense_in.weight"), std::string::npos) << what << ": " << message;
+          EXPECT_NE(message.find(fusion == 0 ? "bucket 1" : "bucket 0"), std::string::npos)
+              << what << ": " << message;
         }
-        const std::string what =
-            compression + ", fusion " + std::to_string(fusion) + ", poison " + std::to_string(poison);
-        EXPECT_FALSE(message.empty()) << what << ": finish() did not throw on rank " << test::rank();
-        if (message.empty()) continue;
-        EXPECT_NE(message.find("step 17"), std::string::npos) << what << ": " << message;
-        EXPECT_NE(message.find("dense_in.weight"), std::string::npos) << what << ": " << message;
-        EXPECT_NE(message.find(fusion == 0 ? "bucket 1" : "bucket 0"), std::string::npos)
-            << what << ": " << message;
-      }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -171,6 +173,62 @@ TEST(SharedMemoryReduce, ReduceScatterSumsThisRanksChunkOnly) {
   EXPECT_EQ(wrong, 0u);
   EXPECT_EQ(changed, 0u);
   EXPECT_EQ(comm.shared_memory_collectives(), N > 1 ? 1u : 0u);
+}
+
+// The fp32 sum that tests its result for Inf and NaN as it makes it (the reducer then skips its own
+// pass over the gradients). Every rank gets the same answer, whichever rank's chunk the culprit lies
+// in: finite sums, the largest included, say finite; a NaN or an infinity from one rank, and finite
+// addends whose sum overflows, say not. Memory outside the segment and a world of one leave the test
+// to the caller (nullopt).
+TEST(SharedMemoryReduce, SumTellsEveryRankWhetherTheResultIsFinite) {
+  MpiCommunicator comm(test::world());
+  const int N = comm.size(), r = comm.rank();
+  const std::size_t n = 1000;
+  StoragePtr memory = comm.allocate_reduction_buffer(n * sizeof(float), Device::cpu());
+  const std::span<float> values = elements_of<float>(memory).first(n);
+  std::vector<float> ordinary(n);
+  bool finite = false;
+  EXPECT_FALSE(comm.start_sum_testing_finite(ordinary, &finite, "test ordinary memory", {}, true));
+  if (N == 1) {
+    EXPECT_FALSE(comm.start_sum_testing_finite(values, &finite, "test world of one", {}, true));
+    return;
+  }
+  constexpr float kInf = std::numeric_limits<float>::infinity(), kMax = std::numeric_limits<float>::max();
+  struct Case {
+    const char* name;
+    std::size_t at;
+    float value;
+    int on_rank;  // -1: every rank
+    bool finite;
+  };
+  const Case cases[] = {
+      {"finite addends", 0, 1.0f, 0, true},
+      {"the largest finite sums", n - 1, kMax / static_cast<float>(N) / 2, -1, true},
+      {"NaN from the last rank in rank 0's chunk", 0, std::numeric_limits<float>::quiet_NaN(), N - 1, false},
+      {"inf from rank 0 in the last rank's chunk", n - 1, kInf, 0, false},
+      {"-inf from the last rank mid-buffer", n / 2, -kInf, N - 1, false},
+      {"finite addends whose sum overflows", n - 1, kMax / 1.5f, -1, false},
+  };
+  uint64_t collectives = 0;
+  for (const Case& c : cases)
+    for (bool synchronous : {true, false}) {
+      fill_ramp(values, r);
+      if (c.on_rank < 0 || c.on_rank == r) values[c.at] = c.value;
+      finite = !c.finite;
+      std::optional<Pending> started =
+          comm.start_sum_testing_finite(values, &finite, "test sum testing finite", {}, synchronous);
+      ASSERT_TRUE(started) << c.name;
+      EXPECT_EQ(started->active(), !synchronous) << c.name;
+      comm.wait(*started);
+      ++collectives;
+      EXPECT_EQ(finite, c.finite) << c.name << (synchronous ? ", synchronous" : ", started") << ", rank "
+                                  << r;
+      const std::size_t other = c.at == 0 ? n - 1 : 0;
+      EXPECT_EQ(values[other], static_cast<float>(N * (N + 1) / 2 * static_cast<int>(other % 97 + 1)))
+          << c.name;
+      ASSERT_TRUE(test::all_ranks(finite == c.finite));
+    }
+  EXPECT_EQ(comm.shared_memory_collectives(), collectives);
 }
 
 // What the segment does not reduce (integer maxima) and memory it did not hand out go through MPI.
