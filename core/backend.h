@@ -219,6 +219,7 @@ class Backend {
                                 int64_t n) = 0;                   // gx += gy * mask
   virtual void add(const float* x, float* y, int64_t n) = 0;      // y += x
   virtual void add_scalar(float* y, int64_t n, float value) = 0;  // y += value
+  virtual void scale(float* y, int64_t n, float factor) = 0;      // y *= factor
 
   // ---- losses and reductions: scalars (the loss, its upstream gradient) stay on the device ----
   // probs = softmax(logits) row by row (kept for backward), loss = mean over rows of -log probs[label].
@@ -241,6 +242,9 @@ class Backend {
   virtual void from_half(const uint16_t* x, float* y, int64_t n, HalfFormat format) = 0;
   // Whether every element is neither Inf nor NaN.
   virtual bool all_finite(const float* x, int64_t n) = 0;
+  // The sum of x[i]^2 in double, to the host (gradient clipping's norm; waits for the device). Its
+  // order depends on n alone, never on the thread count.
+  virtual double sum_of_squares(const float* x, int64_t n) = 0;
   // Sets *flag (an int32 in this backend's memory) to `value` if it is still 0 and an element is Inf
   // or NaN, without the host waiting: an update given the flag (SgdStep::skip_if_set) is then
   // skipped, and the host reads the flag when it synchronizes anyway. The default reads on the host.

@@ -663,6 +663,10 @@ void CudaBackend::add_scalar(float* y, int64_t n, float value) {
   make_current();
   cuda::add_scalar(y, n, value, compute_);
 }
+void CudaBackend::scale(float* y, int64_t n, float factor) {
+  make_current();
+  cuda::scale(y, n, factor, compute_);
+}
 
 // ---- losses and reductions ----
 
@@ -733,6 +737,18 @@ bool CudaBackend::all_finite(const float* x, int64_t n) {
   int32_t bad = 0;
   copy_to_host(&bad, flag, sizeof bad);
   return bad == 0;
+}
+
+// The block partials on the device, added on the host in block order: the same bits for a given n.
+double CudaBackend::sum_of_squares(const float* x, int64_t n) {
+  make_current();
+  auto* partials = static_cast<double*>(scratch(partials_, sizeof(double) * kReductionBlocks));
+  const int count = cuda::sum_of_squares_partials(x, n, partials, compute_);
+  double host[kReductionBlocks];
+  copy_to_host(host, partials, sizeof(double) * static_cast<std::size_t>(count));
+  double sum = 0;
+  for (int b = 0; b < count; ++b) sum += host[b];
+  return sum;
 }
 
 void CudaBackend::mark_non_finite(const float* x, int64_t n, int32_t* flag, int32_t value) {

@@ -100,6 +100,7 @@ class CudaBackend final : public Backend {
   void dropout_backward(const float* gy, const float* mask, float* gx, int64_t n) override;
   void add(const float* x, float* y, int64_t n) override;
   void add_scalar(float* y, int64_t n, float value) override;
+  void scale(float* y, int64_t n, float factor) override;
   void cross_entropy(const float* logits, std::span<const int32_t> labels, float* probs, float* loss,
                      int64_t batch, int64_t classes) override;
   void cross_entropy_backward(const float* probs, std::span<const int32_t> labels, const float* gloss,
@@ -112,6 +113,7 @@ class CudaBackend final : public Backend {
   void to_half(const float* x, uint16_t* y, int64_t n, float scale, HalfFormat format) override;
   void from_half(const uint16_t* x, float* y, int64_t n, HalfFormat format) override;
   bool all_finite(const float* x, int64_t n) override;
+  double sum_of_squares(const float* x, int64_t n) override;
   void mark_non_finite(const float* x, int64_t n, int32_t* flag, int32_t value) override;
   void count_correct(const float* logits, std::span<const int32_t> labels, int64_t classes,
                      float* out) override;

@@ -58,6 +58,10 @@ __global__ void fill_kernel(float* y, int64_t n, float value) {
 __global__ void add_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] += x[i];
 }
+__global__ void scale_kernel(float* y, int64_t n, float factor) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] *= factor;
+}
+
 __global__ void add_scalar_kernel(float* y, int64_t n, float value) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] += value;
 }
@@ -513,14 +517,14 @@ __global__ void mse_backward_kernel(const float* __restrict__ p, const float* __
   for (int64_t i = first_index(); i < n; i += grid_stride()) g[i] += scale * (p[i] - t[i]);
 }
 
-// Block partials of sum(x) or sum((x - t)^2) in double, a tree in shared memory per block.
+// Block partials of sum(x), sum(x^2) or sum((x - t)^2) in double, a tree in shared memory per block.
 __global__ void partial_sums_kernel(const float* __restrict__ x, const float* __restrict__ t, int64_t n,
-                                    double* __restrict__ partials) {
+                                    bool square, double* __restrict__ partials) {
   __shared__ double shared[kThreads];
   double acc = 0;
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     const double v = t ? static_cast<double>(x[i]) - t[i] : x[i];
-    acc += t ? v * v : v;
+    acc += t || square ? v * v : v;
   }
   shared[threadIdx.x] = acc;
   __syncthreads();
@@ -621,6 +625,10 @@ void add(const float* x, float* y, int64_t n, cudaStream_t stream) {
 }
 void add_scalar(float* y, int64_t n, float value, cudaStream_t stream) {
   DPTRAIN_LAUNCH(add_scalar_kernel, n, stream, y, n, value);
+}
+
+void scale(float* y, int64_t n, float factor, cudaStream_t stream) {
+  DPTRAIN_LAUNCH(scale_kernel, n, stream, y, n, factor);
 }
 void add_device_scalar(const float* value, float* y, int64_t n, cudaStream_t stream) {
   DPTRAIN_LAUNCH(add_device_scalar_kernel, n, stream, value, y, n);
@@ -800,10 +808,18 @@ void reduce_sum(const float* x, const float* t, int64_t n, double scale, double*
                 cudaStream_t stream) {
   const int blocks =
       static_cast<int>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, kReductionBlocks));
-  partial_sums_kernel<<<blocks, kThreads, 0, stream>>>(x, t, n, partials);
+  partial_sums_kernel<<<blocks, kThreads, 0, stream>>>(x, t, n, /*square=*/false, partials);
   DPTRAIN_CUDA_CHECK_LAUNCH("partial_sums_kernel");
   final_sum_kernel<<<1, kThreads, 0, stream>>>(partials, blocks, scale, out);
   DPTRAIN_CUDA_CHECK_LAUNCH("final_sum_kernel");
+}
+
+int sum_of_squares_partials(const float* x, int64_t n, double* partials, cudaStream_t stream) {
+  const int blocks =
+      static_cast<int>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, kReductionBlocks));
+  partial_sums_kernel<<<blocks, kThreads, 0, stream>>>(x, nullptr, n, /*square=*/true, partials);
+  DPTRAIN_CUDA_CHECK_LAUNCH("partial_sums_kernel");
+  return blocks;
 }
 
 void flag_non_finite(const float* x, int64_t n, int32_t* flag, cudaStream_t stream) {

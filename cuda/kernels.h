@@ -17,6 +17,7 @@ namespace dptrain::cuda {
 void fill(float* y, int64_t n, float value, cudaStream_t stream);
 void add(const float* x, float* y, int64_t n, cudaStream_t stream);                    // y += x
 void add_scalar(float* y, int64_t n, float value, cudaStream_t stream);                // y += value
+void scale(float* y, int64_t n, float factor, cudaStream_t stream);                    // y *= factor
 void add_device_scalar(const float* value, float* y, int64_t n, cudaStream_t stream);  // y += value[0]
 
 // y = x + bias[channel] (bias may be null: x), optionally then max(0, .); in place allowed (y == x).
@@ -88,6 +89,9 @@ void mse_backward(const float* prediction, const float* target, const float* glo
 inline constexpr int kReductionBlocks = 512;
 void reduce_sum(const float* x, const float* t, int64_t n, double scale, double* partials, float* out,
                 cudaStream_t stream);
+// The block partials of sum_i x[i]^2 (the same kernel and orders) into `partials`; how many there are,
+// for the host to add in order.
+int sum_of_squares_partials(const float* x, int64_t n, double* partials, cudaStream_t stream);
 
 // *flag = 1 if any element is Inf or NaN (flag untouched otherwise).
 void flag_non_finite(const float* x, int64_t n, int32_t* flag, cudaStream_t stream);

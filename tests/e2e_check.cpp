@@ -6,6 +6,7 @@
 //                                      from A by at most REL of the distance A travelled from INIT
 //                                      (per-tensor figures are printed too)
 //   e2e_check expect A NAME ATOL V...  tensor NAME (flattened) equals V... within ATOL
+//   e2e_check norm A V REL             the L2 norm of all of A's tensors together is V within REL of V
 //   e2e_check show A                   every tensor's name, shape and first values
 //   e2e_check flip-byte FILE K         flips the lowest bit of the byte K bytes before the end of FILE
 //   e2e_check metric FILE KEY          KEY of the last line of a metrics.jsonl
@@ -225,10 +226,22 @@ int timeline(const std::string& run, int64_t steps) {
   return failures == 0 ? 0 : 1;
 }
 
+int norm(const std::string& path, double want, double rel) {
+  double squares = 0;
+  for (const auto& [name, x] : load_tensors(path))
+    for (double v : x) squares += v * v;
+  const double got = std::sqrt(squares);
+  const bool ok = std::abs(got - want) <= rel * std::abs(want);
+  std::printf("  ||%s|| = %.9e, expected %.9e (%s, relative limit %g)\n", path.c_str(), got, want,
+              ok ? "ok" : "TOO FAR", rel);
+  return ok ? 0 : 1;
+}
+
 int usage() {
-  std::fprintf(stderr,
-               "usage: e2e_check close A B REL | update A B INIT REL | expect A NAME ATOL V... | show A |\n"
-               "                 flip-byte FILE K | metric FILE KEY | timeline RUN_DIR STEPS\n");
+  std::fprintf(
+      stderr,
+      "usage: e2e_check close A B REL | update A B INIT REL | expect A NAME ATOL V... | norm A V REL |\n"
+      "                 show A | flip-byte FILE K | metric FILE KEY | timeline RUN_DIR STEPS\n");
   return 2;
 }
 
@@ -246,6 +259,7 @@ int main(int argc, char** argv) {
       for (std::size_t i = 4; i < args.size(); ++i) want.push_back(std::stod(args[i]));
       return expect(args[1], args[2], std::stod(args[3]), want);
     }
+    if (mode == "norm" && args.size() == 4) return norm(args[1], std::stod(args[2]), std::stod(args[3]));
     if (mode == "show" && args.size() == 2) return show(args[1]);
     if (mode == "flip-byte" && args.size() == 3) return flip_byte(args[1], std::stol(args[2]));
     if (mode == "metric" && args.size() == 3) return metric(args[1], args[2]);

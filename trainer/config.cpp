@@ -272,6 +272,9 @@ void declare_optimizer(SectionBuilder<Config, OptimizerConfig> o) {
           kStepSchedule);
   o.field("gamma", &O::gamma, 0.1, Range{0.0, 1.0}, "Factor of each decay.", kStepSchedule);
   o.field("min_lr", &O::min_lr, 0.0, Range{0.0, 1e6}, "Learning rate at the last epoch.", kCosineSchedule);
+  o.field(
+      "max_grad_norm", &O::max_grad_norm, 0.0, Range{0.0, 1e9},
+      "0: off. Else the averaged gradients' global L2 norm is clipped to this (PyTorch's clip_grad_norm_).");
 }
 
 void declare_training(SectionBuilder<Config, TrainingConfig> t) {
@@ -393,6 +396,8 @@ const char* const kRulesDoc = R"(
   `distributed.compression` other than `"none"`, `"auto"` or the strategy it runs with.
 - `distributed.shard_optimizer` runs with the gradient syncs `"allreduce"` and `"exact_sum"` (not
   with `distributed.compression` `"powersgd"`, nor `"local"`).
+- `optimizer.max_grad_norm` > 0 does not run with both `distributed.deterministic` and
+  `distributed.shard_optimizer`.
 )";
 
 void validate_deterministic(const Config& c) {
@@ -412,6 +417,12 @@ void validate_deterministic(const Config& c) {
   DPTRAIN_CHECK(c.device == DeviceKind::kCpu,
                 "config key distributed.deterministic runs on device \"cpu\" only, not \"",
                 to_string(c.device), "\"");
+  // Each rank would sum the squares of its own shard: the norm's rounding, and with it the update's
+  // bits, would depend on the number of ranks.
+  DPTRAIN_CHECK(c.optimizer.max_grad_norm == 0 || !d.shard_optimizer,
+                "config keys optimizer.max_grad_norm, distributed.deterministic and "
+                "distributed.shard_optimizer do not run together: a sharded norm is summed per rank, and its "
+                "bits would depend on the number of ranks; turn one of them off");
 }
 
 void validate(const Config& c) {

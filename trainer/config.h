@@ -81,6 +81,7 @@ struct OptimizerConfig {
   double step_size_epochs{};
   double gamma{};
   double min_lr{};
+  double max_grad_norm{};  // 0: no clipping
 };
 
 struct CudaConfig {

@@ -47,12 +47,17 @@ void print_summary(const Config& config, const RunSummary& s) {
         end_of_line == std::string::npos ? "" : (s.gradient_sync.substr(end_of_line + 1) + "\n").c_str());
   }
   const bool sharded = config.distributed.shard_optimizer && s.ranks > 1;
-  std::printf("optimizer: %s, state %s per rank%s\n", s.optimizer.c_str(),
+  char clipping[96] = "";
+  if (config.optimizer.max_grad_norm > 0)
+    std::snprintf(clipping, sizeof clipping, "; gradients clipped to a global norm of %g",
+                  config.optimizer.max_grad_norm);
+  std::printf("optimizer: %s, state %s per rank%s%s\n", s.optimizer.c_str(),
               format_bytes(static_cast<double>(s.optimizer_state_bytes)).c_str(),
               sharded ? (" (sharded over " + std::to_string(s.ranks) + " ranks: " +
                          format_bytes(static_cast<double>(s.optimizer_state_bytes_all)) + " in all)")
                             .c_str()
-                      : "");
+                      : "",
+              clipping);
   const CheckpointConfig& k = config.checkpoint;
   std::string every;
   if (k.every_steps > 0) every = std::to_string(k.every_steps) + " step(s)";

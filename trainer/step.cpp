@@ -1,12 +1,18 @@
 // The optimizer step, top to bottom, the same for every mode and gradient sync:
 //   plan (this rank's micro-batches) -> for each: batch -> forward -> loss -> backward
 //     (the gradient sync's hooks around it: buckets launch as gradients become ready)
-//   -> gradient sync finishes (the gradients are the average over all ranks) -> optimizer
+//   -> gradient sync finishes (the gradients are the average over all ranks) -> clipping -> optimizer
 //   -> gradient sync after the update (a sharded optimizer's parameters all-gathered) -> position
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <span>
+#include <string>
+#include <vector>
 
 #include "core/ops.h"
+#include "distributed/shard_layout.h"
+#include "optim/clip.h"
 #include "trainer/phase.h"
 #include "trainer/trainer.h"
 
@@ -56,6 +62,10 @@ void Trainer::train_step(int64_t epoch, int64_t step, StepTotals& totals) {
   const double in_backward = gradient_sync_->take_seconds_in_backward();
   totals.backward -= in_backward;
   totals.communication += in_backward;
+  if (config_.optimizer.max_grad_norm > 0) {
+    Phase phase(totals.optimizer, "gradient clipping");
+    clip_gradients();
+  }
   {
     Phase phase(totals.optimizer, "optimizer");
     optimizer_->step(static_cast<float>(lr_));
@@ -70,6 +80,30 @@ void Trainer::train_step(int64_t epoch, int64_t step, StepTotals& totals) {
   position_.optimizer_steps = optimizer_->steps_taken();
   ++position_.global_step;
   ++totals.steps;
+}
+
+// The averaged gradients' global norm clipped to optimizer.max_grad_norm. A sharded optimizer's
+// rank holds the average only in its chunks (and the tails, which every rank holds): each rank sums its
+// chunks, rank 0 the tails too, and the ranks add their sums; each then scales what it updates.
+void Trainer::clip_gradients() {
+  const distributed::ShardLayout* shard = gradient_sync_->optimizer_shard();
+  const std::vector<FlatRange> whole{{0, parameters_->size()}};
+  if (shard == nullptr) {
+    gradient_norm_ = std::sqrt(optim::gradient_sum_of_squares(*parameters_, whole));
+  } else {
+    std::vector<FlatRange> counted;
+    for (std::size_t w = 0; w < shard->windows(); ++w) {
+      counted.push_back(shard->chunk_of(w, world_.rank()));
+      if (world_.is_root()) counted.push_back(shard->tail(w));
+    }
+    double squares = optim::gradient_sum_of_squares(*parameters_, counted);
+    comm_->allreduce(std::span<double>(&squares, 1), distributed::ReduceOp::kSum,
+                     "sum of the squared gradients (optimizer.max_grad_norm) at step " +
+                         std::to_string(position_.global_step));
+    gradient_norm_ = std::sqrt(squares);
+  }
+  const float factor = optim::clip_factor(gradient_norm_, config_.optimizer.max_grad_norm);
+  if (factor < 1.0f) optim::scale_gradients(*parameters_, shard ? shard->owned() : whole, factor);
 }
 
 // Step `step` of the current epoch on this rank. In deterministic mode each micro-batch has the same

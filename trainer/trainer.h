@@ -83,6 +83,8 @@ class Trainer {
   StopRequests agree_on_stop() const;
   void write_stop_note(const std::string& why) const;
   void train_step(int64_t epoch, int64_t step, StepTotals& totals);
+  // Scales the averaged gradients to a global norm of at most optimizer.max_grad_norm.
+  void clip_gradients();
   const StepPlan& plan_step(int64_t step);
   std::vector<std::span<const int64_t>> micro_batches_of(std::span<const int64_t> batch) const;
   Tensor loss_of(const Tensor& output) const;  // model.loss on the current batch
@@ -156,6 +158,7 @@ class Trainer {
   bool resumed_ = false;
   StopRequests stop_;  // agreed by all ranks; any(): the loop ends after this step
   double lr_ = 0;
+  double gradient_norm_ = 0;  // before clipping, at the last step (optimizer.max_grad_norm)
   uint64_t checksum_ = 0;
 };
 

@@ -33,6 +33,9 @@ void HostMemory::fill(float* dst, int64_t n, float value) {
 void HostMemory::add_scalar(float* y, int64_t n, float value) {
   for (int64_t i = 0; i < n; ++i) y[i] += value;
 }
+void HostMemory::scale(float* y, int64_t n, float factor) {
+  for (int64_t i = 0; i < n; ++i) y[i] *= factor;
+}
 void HostMemory::to_half(const float* x, uint16_t* y, int64_t n, float scale, HalfFormat format) {
   floats_to_halves(x, y, n, scale, format);
 }
@@ -173,6 +176,9 @@ void CpuBackend::sum_backward(const float* gout, float* gx, int64_t n) {
 }
 bool CpuBackend::all_finite(const float* x, int64_t n) {
   return cpu::all_finite(x, n);
+}
+double CpuBackend::sum_of_squares(const float* x, int64_t n) {
+  return cpu::sum_of_squares(x, n);
 }
 void CpuBackend::sgd_step(float* params, const float* grads, float* momentum_buffer, int64_t n,
                           const SgdStep& s) {

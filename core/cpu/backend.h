@@ -17,6 +17,7 @@ class HostMemory : public Backend {
   void fill(float* dst, int64_t n, float value) override;
   void synchronize() override {}
   void add_scalar(float* y, int64_t n, float value) override;
+  void scale(float* y, int64_t n, float factor) override;
   void to_half(const float* x, uint16_t* y, int64_t n, float scale, HalfFormat format) override;
   void from_half(const uint16_t* x, float* y, int64_t n, HalfFormat format) override;
 };
@@ -83,6 +84,7 @@ class CpuBackend final : public HostMemory {
   void sum(const float* x, float* out, int64_t n) override;
   void sum_backward(const float* gout, float* gx, int64_t n) override;
   bool all_finite(const float* x, int64_t n) override;
+  double sum_of_squares(const float* x, int64_t n) override;
   void sgd_step(float* params, const float* grads, float* momentum_buffer, int64_t n,
                 const SgdStep& s) override;
   void adam_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, int64_t n,

@@ -319,6 +319,31 @@ bool all_finite(const float* x, int64_t n) {
   return bad == 0;
 }
 
+// Blocks of 2^14 elements, summed in parallel, each in double in 8 lanes (element i in lane i % 8)
+// that are then added in order, and the blocks' sums added in order: the same bits at any thread
+// count.
+double sum_of_squares(const float* x, int64_t n) {
+  constexpr int64_t kBlock = int64_t{1} << 14, kLanes = 8;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  std::vector<double> block_sums(static_cast<std::size_t>(blocks));
+#pragma omp parallel for schedule(static) if (n > 16 * kBlock)
+  for (int64_t b = 0; b < blocks; ++b) {
+    double lanes[kLanes] = {};
+    const float* v = x + b * kBlock;
+    const int64_t count = std::min(kBlock, n - b * kBlock);
+    int64_t i = 0;
+    for (; i + kLanes <= count; i += kLanes)
+      for (int64_t l = 0; l < kLanes; ++l) lanes[l] += static_cast<double>(v[i + l]) * v[i + l];
+    for (; i < count; ++i) lanes[i % kLanes] += static_cast<double>(v[i]) * v[i];
+    double sum = 0;
+    for (double lane : lanes) sum += lane;
+    block_sums[static_cast<std::size_t>(b)] = sum;
+  }
+  double total = 0;
+  for (double s : block_sums) total += s;
+  return total;
+}
+
 // Restrict pointers and a by-value copy of the step: with the scalars read through a reference GCC
 // assumes the stores may change them and does not vectorise the loop.
 void sgd_step(float* __restrict params, const float* __restrict grads, float* __restrict momentum_buffer,

@@ -70,6 +70,7 @@ void mse_backward(const float* prediction, const float* target, const float* glo
 void sum(const float* x, float* out, int64_t n);
 
 bool all_finite(const float* x, int64_t n);
+double sum_of_squares(const float* x, int64_t n);
 void sgd_step(float* params, const float* grads, float* momentum_buffer, int64_t n, const SgdStep& s);
 void adam_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, int64_t n,
                const AdamStep& s);

@@ -430,6 +430,13 @@ bool ReferenceBackend::all_finite(const float* x, int64_t n) {
   return true;
 }
 
+// In long double, one element after another: the reference for the CPU's and the GPU's blocked sums.
+double ReferenceBackend::sum_of_squares(const float* x, int64_t n) {
+  long double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<long double>(x[i]) * x[i];
+  return static_cast<double>(sum);
+}
+
 // The update rules in double, rounded once per stored value: the optimizers' reference.
 void ReferenceBackend::sgd_step(float* params, const float* grads, float* momentum_buffer, int64_t n,
                                 const SgdStep& s) {

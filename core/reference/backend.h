@@ -57,6 +57,7 @@ class ReferenceBackend final : public cpu::HostMemory {
   void to_half(const float* x, uint16_t* y, int64_t n, float scale, HalfFormat format) override;
   void from_half(const uint16_t* x, float* y, int64_t n, HalfFormat format) override;
   bool all_finite(const float* x, int64_t n) override;
+  double sum_of_squares(const float* x, int64_t n) override;
   void sgd_step(float* params, const float* grads, float* momentum_buffer, int64_t n,
                 const SgdStep& s) override;
   void adam_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, int64_t n,

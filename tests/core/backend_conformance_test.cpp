@@ -16,6 +16,7 @@
 // each GPU) too. DPTRAIN_REQUIRE_GPU=1 turns "no GPU backend registered" into a failure, so a GPU
 // machine cannot report green without running the GPU rows. The table is printed at the end.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <array>
@@ -959,6 +960,50 @@ TEST(Casts, AllFiniteAgreesWithTheReference) {
           backend_for(Device::reference()).all_finite(x.to(Device::reference()).data_ptr(), x.numel());
       EXPECT_EQ(backend_for(device).all_finite(x.to(device).data_ptr(), x.numel()), expected) << poison;
       EXPECT_EQ(expected, poison == 0.0f);
+    }
+}
+
+// Gradient clipping's two ops: the sum of squares within 1e-12 relative of the reference's sum in
+// long double, one element after another (and on the CPU the same bits at 1, 2 and 3 threads, its
+// order depending on n alone); the scaling exact. Sizes around the CPU's blocks of 2^14.
+TEST(Clipping, SumOfSquaresAndScaleMatchTheReference) {
+  constexpr double kSumTolerance = 1e-12;
+  constexpr float kFactor = 0.37f;
+  for (const Device device : devices_under_test())
+    for (int64_t n : {0, 1, 7, 16384, 16385, 300001}) {
+      const std::vector<float> values =
+          test_util::uniform_values(n, 77 + static_cast<uint64_t>(n), -3.0f, 3.0f);
+      const Tensor x = Tensor::from_data({n}, values);
+      const double want =
+          backend_for(Device::reference()).sum_of_squares(x.to(Device::reference()).data_ptr(), n);
+      const Tensor on_device = x.to(device);
+      Backend& backend = backend_for(device);
+      const double got = backend.sum_of_squares(on_device.data_ptr(), n);
+      const double error = want == 0 ? std::abs(got) : std::abs(got - want) / want;
+      EXPECT_LE(error, kSumTolerance) << device.str() << ", " << n << " elements: " << got << " vs " << want;
+      if (device.is_host()) {
+        for (int threads : {1, 2, 3}) {
+          const int before = omp_get_max_threads();
+          omp_set_num_threads(threads);
+          const double again = backend.sum_of_squares(on_device.data_ptr(), n);
+          omp_set_num_threads(before);
+          EXPECT_EQ(std::memcmp(&again, &got, sizeof got), 0)
+              << n << " elements at " << threads << " threads";
+        }
+      }
+      backend.scale(on_device.data_ptr(), n, kFactor);
+      std::vector<float> expected(values);
+      for (float& v : expected) v *= kFactor;
+      const bool scaled_exactly = bitwise_equal(on_device.to_vector(), expected);
+      EXPECT_TRUE(scaled_exactly) << device.str() << ", " << n << " elements";
+      rows().push_back({"sum_of_squares",
+                        std::to_string(n),
+                        device.str(),
+                        error,
+                        {},
+                        kSumTolerance,
+                        error <= kSumTolerance});
+      rows().push_back({"scale", std::to_string(n), device.str(), 0, {}, kExact, scaled_exactly});
     }
 }
 

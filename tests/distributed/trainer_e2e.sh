@@ -18,6 +18,9 @@
 #                                      (fp16, 2 backward passes, Adam); within rounding on 3 (uneven
 #                                      buckets); deterministic on 3 == on 1; the state per rank
 #                                      printed halved; PowerSGD refused
+#   gradient_clipping                  optimizer.max_grad_norm: one SGD step from zero weights moves them
+#                                      by lr x max_grad_norm; 4 ranks x 250 == 1 x 1000; sharded == not
+#                                      on 3 ranks (tails); deterministic 3 ranks == 1 bit for bit
 source "$(dirname "$0")/../e2e_common.sh"
 
 # 20 steps (5 in the sanitizer build), no LR scaling, constant LR: only the split of the global
@@ -245,6 +248,47 @@ case "$CASE" in
     [ "$RC" -ne 0 ] && grep -q "distributed.shard_optimizer" powersgd.err && grep -q powersgd powersgd.err ||
       fail "shard_optimizer with powersgd was not refused by name: $(cat powersgd.err)"
     echo "  refused: $(grep -m1 shard_optimizer powersgd.err | cut -c1-200)"
+    ;;
+
+  gradient_clipping)
+    # linear_regression.json starts from zero weights with SGD (no momentum): the first step is
+    # -lr x the clipped average gradient, whose norm is max_grad_norm x norm / (norm + 1e-6) (the
+    # gradient's norm at zero is in the hundreds: the factor is 1 to 1e-8).
+    CLIP=(--set optimizer.max_grad_norm=0.1)
+    train 1 one_step linear_regression.json "${CLIP[@]}" --set training.max_steps=1 --set data.batch_size=1000
+    $CHECK norm one_step/model.safetensors 1e-3 1e-6 || fail "the clipped step is not lr x max_grad_norm long"
+    grep -q "^optimizer: sgd, state .* per rank; gradients clipped to a global norm of 0.1$" one_step.out ||
+      fail "the startup line does not report the clipping: $(grep '^optimizer:' one_step.out)"
+    # Clipping applies to the average over the ranks: 4 ranks x 250 take the steps of 1 x 1000
+    # (100 full-batch steps, all clipped at first).
+    train 4 np4 linear_regression.json "${CLIP[@]}" --set training.epochs=100
+    train 1 np1 linear_regression.json "${CLIP[@]}" --set training.epochs=100 --set data.batch_size=1000
+    $CHECK close np4/model.safetensors np1/model.safetensors 1e-5 || fail "np4 x 250 differs from np1 x 1000"
+    # ... and without it they end elsewhere (the check above is not vacuous).
+    train 1 unclipped linear_regression.json --set training.epochs=100 --set data.batch_size=1000
+    if $CHECK close np1/model.safetensors unclipped/model.safetensors 1e-3 > /dev/null; then
+      fail "clipping changed nothing"
+    fi
+    # Sharded on 3 ranks, each rank holds the average only in its chunks and every rank the tail: with
+    # 32 coefficients the weight splits 10 + 10 + 10 and a tail of 2, all of them real weights. The
+    # norm must count each once.
+    WIDE=(--set "data.linear.coefficients=[$(seq -s, 1 32)]" --set "model.input_shape=[32]")
+    train 3 np3 linear_regression.json "${CLIP[@]}" "${WIDE[@]}" --set training.epochs=20 --set data.batch_size=200
+    train 3 np3_sharded linear_regression.json "${CLIP[@]}" "${WIDE[@]}" --set training.epochs=20 \
+      --set data.batch_size=200 --set distributed.shard_optimizer=true
+    $CHECK close np3/model.safetensors np3_sharded/model.safetensors 1e-5 || fail "sharded np3 differs"
+    # Deterministic: every rank takes the norm of the whole average, in an order independent of the
+    # ranks: 3 ranks give 1 rank's bits.
+    DET=(--set distributed.deterministic=true --set distributed.deterministic_micro_batch=40)
+    train 1 det_np1 linear_regression.json "${CLIP[@]}" "${DET[@]}" --set training.epochs=20 --set data.batch_size=600
+    train 3 det_np3 linear_regression.json "${CLIP[@]}" "${DET[@]}" --set training.epochs=20 --set data.batch_size=200
+    cmp det_np1/model.safetensors det_np3/model.safetensors || fail "deterministic: np3 differs from np1"
+    echo "  deterministic: np3 byte-identical to np1"
+    # Sharded and deterministic together would sum the norm per rank: refused by name.
+    launch 3 det_sharded linear_regression.json "${CLIP[@]}" "${DET[@]}" --set data.batch_size=200 \
+      --set distributed.shard_optimizer=true
+    [ "$RC" -ne 0 ] && grep -q "optimizer.max_grad_norm" det_sharded.err ||
+      fail "max_grad_norm with a deterministic sharded optimizer was not refused: $(cat det_sharded.err)"
     ;;
 
   stall_watchdog)

@@ -17,13 +17,12 @@
 #include "core/safetensors.h"
 #include "layers/module.h"
 #include "optim/optimizer.h"
+#include "tests/optim/pytorch_steps.h"
 #include "tests/test_util.h"
 
 namespace dptrain {
 namespace {
 
-constexpr double kRtol = 1e-5;
-constexpr double kAtol = 1e-6;
 constexpr int kSteps = 10;
 
 const test_util::FixtureFile fixture("trajectories.safetensors");
@@ -38,15 +37,7 @@ struct Model {
 };
 
 std::unique_ptr<Model> make_model() {
-  auto model = std::make_unique<layers::Sequential>();
-  model->add(std::make_unique<layers::Dense>("0", 6, 5, true));
-  model->add(std::make_unique<layers::ActivationLayer>(layers::Activation::kRelu));
-  model->add(std::make_unique<layers::Dense>("2", 5, 3, true));
-  for (const NamedTensor& p : model->named_parameters()) {
-    const Tensor& init = fixture.get("init." + p.name);
-    EXPECT_EQ(init.shape(), p.tensor.shape()) << p.name;
-    std::copy_n(init.data(), init.numel(), p.tensor.data());
-  }
+  auto model = test_util::fixture_mlp(fixture);
   auto flat = std::make_unique<FlatParameters>(model->named_parameters(), Device::cpu());
   return std::make_unique<Model>(Model{std::move(model), std::move(flat)});
 }
@@ -78,10 +69,6 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, const 
   return std::make_unique<optim::Adam>(params, o, owned);
 }
 
-bool close(double ours, double ref) {
-  return std::abs(ours - ref) <= kAtol + kRtol * std::abs(ref);
-}
-
 class Trajectory : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override { autograd::clear_tape(); }
@@ -104,18 +91,9 @@ TEST_P(Trajectory, MatchesPyTorchAfterEveryStep) {
     loss.backward();
     optimizer->step(lr);
     EXPECT_EQ(optimizer->steps_taken(), step);
-    EXPECT_TRUE(close(loss.item(), ref_losses.data()[step - 1]))
+    EXPECT_TRUE(test_util::close_to_pytorch(loss.item(), ref_losses.data()[step - 1]))
         << "step " << step << " loss " << loss.item() << " vs PyTorch " << ref_losses.data()[step - 1];
-    for (const NamedTensor& p : model->named_parameters()) {
-      const Tensor& ref = fixture.get(name + ".step" + std::to_string(step) + "." + p.name);
-      ASSERT_EQ(ref.shape(), p.tensor.shape());
-      int failures = 0;
-      for (int64_t i = 0; i < ref.numel(); ++i)
-        if (!close(p.tensor.data()[i], ref.data()[i]) && ++failures <= 3)
-          ADD_FAILURE() << name << " step " << step << " " << p.name << "[" << i
-                        << "]: " << p.tensor.data()[i] << " vs PyTorch " << ref.data()[i];
-      ASSERT_EQ(failures, 0) << name << " diverged at step " << step << " (" << p.name << ")";
-    }
+    ASSERT_NO_FATAL_FAILURE(test_util::expect_step_matches(fixture, name, step, model->named_parameters()));
   }
   // The run must have moved the parameters (the comparison is not vacuous).
   EXPECT_NE(model->named_parameters()[0].tensor.data()[0], fixture.get("init.0.weight").data()[0]);
@@ -295,7 +273,8 @@ TEST(OptimizerState, RestoredStateContinuesTheTrajectory) {
   for (const NamedTensor& p : resumed->named_parameters()) {
     const Tensor& ref = fixture.get(name + ".step10." + p.name);
     for (int64_t i = 0; i < ref.numel(); ++i)
-      EXPECT_TRUE(close(p.tensor.data()[i], ref.data()[i])) << p.name << "[" << i << "]";
+      EXPECT_TRUE(test_util::close_to_pytorch(p.tensor.data()[i], ref.data()[i]))
+          << p.name << "[" << i << "]";
   }
 }
 
