@@ -71,7 +71,9 @@ inline std::vector<NamedTensor> zero_parameters(const std::vector<int64_t>& size
 }
 
 inline bool bitwise_equal(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  // memcmp's pointers must not be null even for 0 bytes, and an empty vector's may be.
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 // ---- expected errors ----

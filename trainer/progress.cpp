@@ -78,8 +78,11 @@ bool Progress::due(int64_t step) const {
   return false;
 }
 
-void Progress::update(int64_t step, double loss, double accuracy, double samples_per_sec) {
+void Progress::update(int64_t step, double loss, double accuracy, double samples_per_sec,
+                      double gradient_norm) {
   const int64_t done = step + 1;
+  char norm[48] = "";
+  if (gradient_norm >= 0) std::snprintf(norm, sizeof norm, " grad norm %.4g", gradient_norm);
   if (mode_ == ProgressMode::kBar) {
     const auto now = std::chrono::steady_clock::now();
     if (done != steps_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
@@ -88,15 +91,15 @@ void Progress::update(int64_t step, double loss, double accuracy, double samples
     const int filled = static_cast<int>(kWidth * done / std::max<int64_t>(steps_, 1));
     std::string bar(filled, '=');
     if (filled < kWidth) bar += '>' + std::string(kWidth - filled - 1, ' ');
-    std::printf("\repoch %lld/%lld [%s] %lld/%lld loss %.4f%s %.0f samples/s ",
+    std::printf("\repoch %lld/%lld [%s] %lld/%lld loss %.4f%s%s %.0f samples/s ",
                 static_cast<long long>(epoch_), static_cast<long long>(epochs_), bar.c_str(),
                 static_cast<long long>(done), static_cast<long long>(steps_), loss,
-                accuracy_text(accuracy).c_str(), samples_per_sec);
+                accuracy_text(accuracy).c_str(), norm, samples_per_sec);
     std::fflush(stdout);
   } else if (mode_ == ProgressMode::kLines && (done % log_every_steps_ == 0 || done == steps_)) {
-    std::printf("epoch %lld/%lld step %lld/%lld loss %.4f%s %.0f samples/s\n", static_cast<long long>(epoch_),
-                static_cast<long long>(epochs_), static_cast<long long>(done), static_cast<long long>(steps_),
-                loss, accuracy_text(accuracy).c_str(), samples_per_sec);
+    std::printf("epoch %lld/%lld step %lld/%lld loss %.4f%s%s %.0f samples/s\n",
+                static_cast<long long>(epoch_), static_cast<long long>(epochs_), static_cast<long long>(done),
+                static_cast<long long>(steps_), loss, accuracy_text(accuracy).c_str(), norm, samples_per_sec);
     std::fflush(stdout);
   }
 }

@@ -23,8 +23,9 @@ class Progress {
   // Whether update() after `step` would show something: the bar's next frame is due (every 100 ms,
   // and at the epoch's last step) or a log line is. The trainer reads the metrics only then.
   bool due(int64_t step) const;
-  // Running means over the epoch so far; accuracy < 0 means "not a classifier" and is not shown.
-  void update(int64_t step, double loss, double accuracy, double samples_per_sec);
+  // Running means over the epoch so far; accuracy < 0 means "not a classifier" and is not shown;
+  // gradient_norm, the last step's before clipping, only where >= 0 (optimizer.max_grad_norm).
+  void update(int64_t step, double loss, double accuracy, double samples_per_sec, double gradient_norm = -1);
   void end_epoch();
   // A line of its own (e.g. "checkpoint written"), below the bar rather than through it; printed in
   // every mode but on ranks that do not report.

@@ -14,14 +14,15 @@ void* HostMemory::allocate(std::size_t bytes) {
 void HostMemory::release(void* pointer, std::size_t bytes) {
   release_host_block(pointer, bytes);
 }
+// A tensor of no elements has no memory: memcpy's pointers must not be null even for 0 bytes.
 void HostMemory::copy_from_host(void* dst, const void* src, std::size_t bytes) {
-  std::memcpy(dst, src, bytes);
+  if (bytes != 0) std::memcpy(dst, src, bytes);
 }
 void HostMemory::copy_to_host(void* dst, const void* src, std::size_t bytes) {
-  std::memcpy(dst, src, bytes);
+  if (bytes != 0) std::memcpy(dst, src, bytes);
 }
 void HostMemory::copy(void* dst, const void* src, std::size_t bytes) {
-  std::memcpy(dst, src, bytes);
+  if (bytes != 0) std::memcpy(dst, src, bytes);
 }
 void HostMemory::fill(float* dst, int64_t n, float value) {
   if (value == 0.0f) {

@@ -259,6 +259,8 @@ case "$CASE" in
     $CHECK norm one_step/model.safetensors 1e-3 1e-6 || fail "the clipped step is not lr x max_grad_norm long"
     grep -q "^optimizer: sgd, state .* per rank; gradients clipped to a global norm of 0.1$" one_step.out ||
       fail "the startup line does not report the clipping: $(grep '^optimizer:' one_step.out)"
+    grep -q "^epoch 1/400 step 1/1 loss [0-9.]* grad norm [0-9.e+]* " one_step.out ||
+      fail "the progress line does not show the gradient norm: $(grep '^epoch' one_step.out)"
     # Clipping applies to the average over the ranks: 4 ranks x 250 take the steps of 1 x 1000
     # (100 full-batch steps, all clipped at first).
     train 4 np4 linear_regression.json "${CLIP[@]}" --set training.epochs=100
