@@ -99,6 +99,12 @@ void print_epoch(const Config& config, int ranks, const EpochMetrics& m) {
                 : "",
       format_bytes(static_cast<double>(m.optimizer_state_bytes)).c_str(),
       format_bytes(static_cast<double>(m.peak_resident_bytes)).c_str());
+  if (m.clipping) {
+    const ClippingStats& c = *m.clipping;
+    std::printf("  gradient norm before clipping: mean %.4g, max %.4g; %lld of %lld step(s) clipped to %g\n",
+                c.norm_mean(), c.norm_max, static_cast<long long>(c.clipped_steps),
+                static_cast<long long>(c.steps), config.optimizer.max_grad_norm);
+  }
   std::fflush(stdout);
 }
 
@@ -140,6 +146,11 @@ void MetricsLog::write(const EpochMetrics& m, int ranks) {
                {"peak_resident_bytes", m.peak_resident_bytes}};
   if (m.stopped_early) line["stopped_early"] = "max_steps";
   if (m.first_sample > 0) line["resumed_at_sample"] = m.first_sample;
+  if (m.clipping) {
+    line["gradient_norm_mean"] = m.clipping->norm_mean();
+    line["gradient_norm_max"] = m.clipping->norm_max;
+    line["clipped_steps"] = m.clipping->clipped_steps;
+  }
   const StepTimes& t = m.step_times;
   line["step_ms"] = {{"data", 1e3 * t.data},
                      {"compute", 1e3 * t.compute},

@@ -394,6 +394,7 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
   m.samples_per_sec_per_rank = m.samples_per_sec / world_.size();
   m.stopped_early = step < steps;
   m.optimizer_state_bytes = optimizer_->state_bytes();
+  if (config_.optimizer.max_grad_norm > 0) m.clipping = totals.clipping;
   // Before this epoch's checkpoint: what training itself needs (a checkpoint of a sharded optimizer
   // gathers its state whole for a moment).
   m.peak_resident_bytes = peak_resident_bytes();

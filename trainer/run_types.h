@@ -3,8 +3,10 @@
 // reports share these types).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,20 @@ struct StepTimes {
   double total = 0;  // wall time per step, including waits for slower ranks
 };
 
+// The averaged gradients' global norm (before clipping) over an epoch's steps, where
+// optimizer.max_grad_norm clips. Every rank computes the same norms.
+struct ClippingStats {
+  int64_t steps = 0, clipped_steps = 0;
+  double norm_sum = 0, norm_max = 0;
+  void add(double norm, bool clipped) {
+    ++steps;
+    clipped_steps += clipped ? 1 : 0;
+    norm_sum += norm;
+    norm_max = std::max(norm_max, norm);
+  }
+  double norm_mean() const { return steps > 0 ? norm_sum / static_cast<double>(steps) : 0.0; }
+};
+
 struct EpochMetrics {
   int64_t epoch = 0;                          // 1-based
   int64_t step = 0;                           // optimizer steps taken so far
@@ -34,8 +50,9 @@ struct EpochMetrics {
   // What each rank contributed to the gradient collectives per step, mean over the epoch's steps:
   // the allreduce payload (a ring allreduce moves 2 (N - 1) / N of it over each link).
   double gradient_bytes_per_step = 0;
-  int64_t optimizer_state_bytes = 0;  // this rank's (1/N of it with distributed.shard_optimizer)
-  int64_t peak_resident_bytes = 0;    // the largest rank's peak RSS so far (VmHWM), 0 if unknown
+  int64_t optimizer_state_bytes = 0;      // this rank's (1/N of it with distributed.shard_optimizer)
+  int64_t peak_resident_bytes = 0;        // the largest rank's peak RSS so far (VmHWM), 0 if unknown
+  std::optional<ClippingStats> clipping;  // set where optimizer.max_grad_norm clips
 };
 
 struct RunOptions {

@@ -64,7 +64,7 @@ void Trainer::train_step(int64_t epoch, int64_t step, StepTotals& totals) {
   totals.communication += in_backward;
   if (config_.optimizer.max_grad_norm > 0) {
     Phase phase(totals.optimizer, "gradient clipping");
-    clip_gradients();
+    clip_gradients(totals.clipping);
   }
   {
     Phase phase(totals.optimizer, "optimizer");
@@ -85,7 +85,7 @@ void Trainer::train_step(int64_t epoch, int64_t step, StepTotals& totals) {
 // The averaged gradients' global norm clipped to optimizer.max_grad_norm. A sharded optimizer's
 // rank holds the average only in its chunks (and the tails, which every rank holds): each rank sums its
 // chunks, rank 0 the tails too, and the ranks add their sums; each then scales what it updates.
-void Trainer::clip_gradients() {
+void Trainer::clip_gradients(ClippingStats& clipping) {
   const distributed::ShardLayout* shard = gradient_sync_->optimizer_shard();
   const std::vector<FlatRange> whole{{0, parameters_->size()}};
   if (shard == nullptr) {
@@ -104,6 +104,7 @@ void Trainer::clip_gradients() {
   }
   const float factor = optim::clip_factor(gradient_norm_, config_.optimizer.max_grad_norm);
   if (factor < 1.0f) optim::scale_gradients(*parameters_, shard ? shard->owned() : whole, factor);
+  clipping.add(gradient_norm_, factor < 1.0f);
 }
 
 // Step `step` of the current epoch on this rank. In deterministic mode each micro-batch has the same

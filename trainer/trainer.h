@@ -54,6 +54,7 @@ class Trainer {
     int64_t correct = 0, samples = 0, steps = 0;
     int64_t payload_bytes = 0;  // what this rank contributed to the gradient collectives
     double data = 0, forward = 0, backward = 0, communication = 0, optimizer = 0;  // seconds
+    ClippingStats clipping;  // optimizer.max_grad_norm only
   };
   // A batch as tensors on the run's device (host copies on the CPU are the tensors themselves).
   struct Batch {
@@ -83,8 +84,9 @@ class Trainer {
   StopRequests agree_on_stop() const;
   void write_stop_note(const std::string& why) const;
   void train_step(int64_t epoch, int64_t step, StepTotals& totals);
-  // Scales the averaged gradients to a global norm of at most optimizer.max_grad_norm.
-  void clip_gradients();
+  // Scales the averaged gradients to a global norm of at most optimizer.max_grad_norm; counts the
+  // step in `clipping`.
+  void clip_gradients(ClippingStats& clipping);
   const StepPlan& plan_step(int64_t step);
   std::vector<std::span<const int64_t>> micro_batches_of(std::span<const int64_t> batch) const;
   Tensor loss_of(const Tensor& output) const;  // model.loss on the current batch

@@ -19,8 +19,9 @@
 #                                      buckets); deterministic on 3 == on 1; the state per rank
 #                                      printed halved; PowerSGD refused
 #   gradient_clipping                  optimizer.max_grad_norm: one SGD step from zero weights moves them
-#                                      by lr x max_grad_norm; 4 ranks x 250 == 1 x 1000; sharded == not
-#                                      on 3 ranks (tails); deterministic 3 ranks == 1 bit for bit
+#                                      by lr x max_grad_norm; the norms and clipped steps reported;
+#                                      4 ranks x 250 == 1 x 1000; sharded == not on 3 ranks (tails);
+#                                      deterministic 3 ranks == 1 bit for bit
 source "$(dirname "$0")/../e2e_common.sh"
 
 # 20 steps (5 in the sanitizer build), no LR scaling, constant LR: only the split of the global
@@ -261,11 +262,42 @@ case "$CASE" in
       fail "the startup line does not report the clipping: $(grep '^optimizer:' one_step.out)"
     grep -q "^epoch 1/400 step 1/1 loss [0-9.]* grad norm [0-9.e+]* " one_step.out ||
       fail "the progress line does not show the gradient norm: $(grep '^epoch' one_step.out)"
+    # The norm reported is the one before clipping: unclipped, the same step moves the zero weights by
+    # lr x that norm.
+    train 1 one_step_unclipped linear_regression.json --set training.max_steps=1 --set data.batch_size=1000
+    reported=$($CHECK metric one_step/metrics.jsonl gradient_norm_max)
+    $CHECK norm one_step_unclipped/model.safetensors "$(awk -v n="$reported" 'BEGIN { printf "%.9g", 0.01 * n }')" 1e-5 ||
+      fail "metrics.jsonl's gradient_norm_max ($reported) is not the unclipped step's length / lr"
+    [ "$($CHECK metric one_step/metrics.jsonl clipped_steps)" = 1 ] || fail "the clipped step is not counted"
+    grep -q "^  gradient norm before clipping: mean [0-9.e+]*, max [0-9.e+]*; 1 of 1 step(s) clipped to 0.1$" \
+      one_step.out || fail "the epoch line does not report the clipping: $(grep -A3 '^epoch 1:' one_step.out)"
+    if $CHECK metric one_step_unclipped/metrics.jsonl clipped_steps 2> /dev/null; then
+      fail "metrics.jsonl reports clipping where none was asked for"
+    fi
+    # An epoch of 4 steps: its mean and max are those of the 4 norms the progress lines print (to 4
+    # digits).
+    train 1 four_steps linear_regression.json "${CLIP[@]}" --set training.epochs=1 --set training.log_every_steps=1
+    read -r printed_mean printed_max < <(grep -o 'grad norm [0-9.e+]*' four_steps.out |
+      awk '{ s += $3; if ($3 > m) m = $3 } END { if (NR == 4) print s / 4, m }')
+    for stat in mean max; do
+      printed=printed_$stat
+      got=$($CHECK metric four_steps/metrics.jsonl gradient_norm_$stat)
+      awk -v a="$got" -v b="${!printed}" 'BEGIN { exit !(b > 0 && (a - b) ^ 2 <= (1e-3 * b) ^ 2) }' ||
+        fail "gradient_norm_$stat $got is not that of the printed norms (${!printed})"
+    done
+    echo "  4 steps: gradient_norm_mean $printed_mean, max $printed_max, as the progress lines print them"
     # Clipping applies to the average over the ranks: 4 ranks x 250 take the steps of 1 x 1000
-    # (100 full-batch steps, all clipped at first).
-    train 4 np4 linear_regression.json "${CLIP[@]}" --set training.epochs=100
-    train 1 np1 linear_regression.json "${CLIP[@]}" --set training.epochs=100 --set data.batch_size=1000
+    # (100 full-batch steps; at a norm of 10 the first 30 or so are clipped, the rest not).
+    CLIP_SOME=(--set optimizer.max_grad_norm=10 --set training.epochs=100)
+    train 4 np4 linear_regression.json "${CLIP_SOME[@]}"
+    train 1 np1 linear_regression.json "${CLIP_SOME[@]}" --set data.batch_size=1000
     $CHECK close np4/model.safetensors np1/model.safetensors 1e-5 || fail "np4 x 250 differs from np1 x 1000"
+    # One step an epoch in both: the same epochs' steps clipped, and some not.
+    clipped_np1=$(grep -o '"clipped_steps":[0-9]*' np1/metrics.jsonl | cut -d: -f2 | tr -d '\n')
+    clipped_np4=$(grep -o '"clipped_steps":[0-9]*' np4/metrics.jsonl | cut -d: -f2 | tr -d '\n')
+    [ "$clipped_np1" = "$clipped_np4" ] || fail "np4 clipped other epochs' steps than np1: $clipped_np4 / $clipped_np1"
+    [[ "$clipped_np1" =~ ^1+0+$ ]] || fail "expected clipped steps, then none, epoch by epoch: $clipped_np1"
+    echo "  clipped step per epoch, np1 = np4: $clipped_np1"
     # ... and without it they end elsewhere (the check above is not vacuous).
     train 1 unclipped linear_regression.json --set training.epochs=100 --set data.batch_size=1000
     if $CHECK close np1/model.safetensors unclipped/model.safetensors 1e-3 > /dev/null; then
