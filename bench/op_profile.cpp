@@ -238,9 +238,6 @@ class ProfilingBackend final : public Backend {
   void from_half(const uint16_t* x, float* y, int64_t n, HalfFormat format) override {
     timed("gradient sync", "", 0, [&] { inner_.from_half(x, y, n, format); });
   }
-  void scale(float* y, int64_t n, float factor) override {
-    timed("optimizer", "", 0, [&] { inner_.scale(y, n, factor); });
-  }
   double sum_of_squares(const float* x, int64_t n) override {
     double sum = 0;
     timed("optimizer", "", 0, [&] { sum = inner_.sum_of_squares(x, n); });

@@ -219,7 +219,6 @@ class Backend {
                                 int64_t n) = 0;                   // gx += gy * mask
   virtual void add(const float* x, float* y, int64_t n) = 0;      // y += x
   virtual void add_scalar(float* y, int64_t n, float value) = 0;  // y += value
-  virtual void scale(float* y, int64_t n, float factor) = 0;      // y *= factor
 
   // ---- losses and reductions: scalars (the loss, its upstream gradient) stay on the device ----
   // probs = softmax(logits) row by row (kept for backward), loss = mean over rows of -log probs[label].

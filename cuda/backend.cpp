@@ -663,10 +663,6 @@ void CudaBackend::add_scalar(float* y, int64_t n, float value) {
   make_current();
   cuda::add_scalar(y, n, value, compute_);
 }
-void CudaBackend::scale(float* y, int64_t n, float factor) {
-  make_current();
-  cuda::scale(y, n, factor, compute_);
-}
 
 // ---- losses and reductions ----
 

@@ -100,7 +100,6 @@ class CudaBackend final : public Backend {
   void dropout_backward(const float* gy, const float* mask, float* gx, int64_t n) override;
   void add(const float* x, float* y, int64_t n) override;
   void add_scalar(float* y, int64_t n, float value) override;
-  void scale(float* y, int64_t n, float factor) override;
   void cross_entropy(const float* logits, std::span<const int32_t> labels, float* probs, float* loss,
                      int64_t batch, int64_t classes) override;
   void cross_entropy_backward(const float* probs, std::span<const int32_t> labels, const float* gloss,

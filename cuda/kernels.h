@@ -17,7 +17,6 @@ namespace dptrain::cuda {
 void fill(float* y, int64_t n, float value, cudaStream_t stream);
 void add(const float* x, float* y, int64_t n, cudaStream_t stream);                    // y += x
 void add_scalar(float* y, int64_t n, float value, cudaStream_t stream);                // y += value
-void scale(float* y, int64_t n, float factor, cudaStream_t stream);                    // y *= factor
 void add_device_scalar(const float* value, float* y, int64_t n, cudaStream_t stream);  // y += value[0]
 
 // y = x + bias[channel] (bias may be null: x), optionally then max(0, .); in place allowed (y == x).

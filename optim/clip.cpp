@@ -21,9 +21,4 @@ double gradient_sum_of_squares(const FlatParameters& parameters, std::span<const
   return sum;
 }
 
-void scale_gradients(const FlatParameters& parameters, std::span<const FlatRange> ranges, float factor) {
-  Backend& backend = backend_for(parameters.device());
-  for (const FlatRange& r : ranges) backend.scale(parameters.grads().data_ptr() + r.offset, r.numel, factor);
-}
-
 }  // namespace dptrain::optim

@@ -1,5 +1,6 @@
 // Gradient clipping by the global L2 norm, as PyTorch's torch.nn.utils.clip_grad_norm_(parameters,
-// max_norm): every gradient is multiplied by max_norm / (norm + 1e-6) where that is below 1.
+// max_norm): every gradient is multiplied by max_norm / (norm + 1e-6) where that is below 1 (by the
+// optimizer's step, as it reads the gradients: Optimizer::step's grad_scale).
 #pragma once
 
 #include <span>
@@ -15,8 +16,5 @@ float clip_factor(double norm, double max_norm);
 
 // The sum of the squares of the gradients in `ranges` of the flat gradient buffer, in double.
 double gradient_sum_of_squares(const FlatParameters& parameters, std::span<const FlatRange> ranges);
-
-// Multiplies the gradients in `ranges` by `factor`.
-void scale_gradients(const FlatParameters& parameters, std::span<const FlatRange> ranges, float factor);
 
 }  // namespace dptrain::optim

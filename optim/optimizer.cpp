@@ -38,11 +38,11 @@ int64_t Optimizer::state_bytes() const {
   return bytes;
 }
 
-void Optimizer::step(float lr) {
+void Optimizer::step(float lr, float grad_scale) {
   ++steps_;
   // A parameter that received no gradient (unused branch) still decays and moves with momentum, as
   // in PyTorch when its grad is zero-filled; zeros here keep ranks in lockstep.
-  update(lr);
+  update(lr, grad_scale);
 }
 
 std::vector<Tensor> Optimizer::whole_state_buffers() const {
@@ -98,11 +98,12 @@ Sgd::Sgd(const FlatParameters& parameters, SgdOptions options, std::vector<FlatR
   if (options_.momentum != 0.0f) add_slot("momentum_buffer");
 }
 
-void Sgd::update(float lr) {
+void Sgd::update(float lr, float grad_scale) {
   const SgdStep s{.lr = lr,
                   .momentum = options_.momentum,
                   .dampening = options_.dampening,
                   .weight_decay = options_.weight_decay,
+                  .grad_scale = grad_scale,
                   .nesterov = options_.nesterov,
                   .first_step = steps_ == 1,
                   .skip_if_set = skip_flag_};
@@ -119,7 +120,7 @@ Adam::Adam(const FlatParameters& parameters, AdamOptions options, std::vector<Fl
   add_slot("exp_avg_sq");
 }
 
-void Adam::update(float lr) {
+void Adam::update(float lr, float grad_scale) {
   const AdamOptions& o = options_;
   // Scalars in double, as Python computes them, then rounded to float as the kernels do.
   const double step = static_cast<double>(steps_);
@@ -134,6 +135,7 @@ void Adam::update(float lr) {
                                 ? static_cast<float>(1.0 - static_cast<double>(lr) * o.weight_decay)
                                 : 1.0f,
                    .l2 = o.decoupled_weight_decay ? 0.0f : o.weight_decay,
+                   .grad_scale = grad_scale,
                    .skip_if_set = skip_flag_};
   for (const Piece& p : pieces())
     backend_.adam_step(parameters_.values().data_ptr() + p.range.offset,

@@ -22,8 +22,9 @@ class Optimizer {
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  // One update with learning rate `lr` from the gradients currently in the flat gradient buffer.
-  void step(float lr);
+  // One update with learning rate `lr` from the gradients currently in the flat gradient buffer, each
+  // multiplied by `grad_scale` first (gradient clipping's factor; the buffer is left as it is).
+  void step(float lr, float grad_scale = 1.0f);
   void zero_grad() { parameters_.zero_grad(); }
   int64_t steps_taken() const { return steps_; }
   // Restores the step counter after the state was overwritten in place (resume, broadcast).
@@ -55,7 +56,7 @@ class Optimizer {
 
  protected:
   // Applies update number steps_taken() (already counted) to every parameter.
-  virtual void update(float lr) = 0;
+  virtual void update(float lr, float grad_scale) = 0;
   // Called from subclass constructors: a zero buffer per slot.
   void add_slot(const std::string& slot);
   float* slot_ptr(std::size_t slot) const { return slots_.at(slot).data_ptr(); }
@@ -93,7 +94,7 @@ class Sgd : public Optimizer {
   Sgd(const FlatParameters& parameters, SgdOptions options, std::vector<FlatRange> owned = {});
 
  private:
-  void update(float lr) override;
+  void update(float lr, float grad_scale) override;
   SgdOptions options_;
 };
 
@@ -110,7 +111,7 @@ class Adam : public Optimizer {
   Adam(const FlatParameters& parameters, AdamOptions options, std::vector<FlatRange> owned = {});
 
  private:
-  void update(float lr) override;
+  void update(float lr, float grad_scale) override;
   AdamOptions options_;
 };
 

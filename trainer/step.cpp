@@ -62,13 +62,14 @@ void Trainer::train_step(int64_t epoch, int64_t step, StepTotals& totals) {
   const double in_backward = gradient_sync_->take_seconds_in_backward();
   totals.backward -= in_backward;
   totals.communication += in_backward;
+  float grad_scale = 1.0f;
   if (config_.optimizer.max_grad_norm > 0) {
     Phase phase(totals.optimizer, "gradient clipping");
-    clip_gradients(totals.clipping);
+    grad_scale = clip_factor(totals.clipping);
   }
   {
     Phase phase(totals.optimizer, "optimizer");
-    optimizer_->step(static_cast<float>(lr_));
+    optimizer_->step(static_cast<float>(lr_), grad_scale);
   }
   // A sharded optimizer updated this rank's part of the parameters: the rest comes from the others.
   if (gradient_sync_->optimizer_shard() != nullptr) {
@@ -82,13 +83,14 @@ void Trainer::train_step(int64_t epoch, int64_t step, StepTotals& totals) {
   ++totals.steps;
 }
 
-// The averaged gradients' global norm clipped to optimizer.max_grad_norm. A sharded optimizer's
-// rank holds the average only in its chunks (and the tails, which every rank holds): each rank sums its
-// chunks, rank 0 the tails too, and the ranks add their sums; each then scales what it updates.
-void Trainer::clip_gradients(ClippingStats& clipping) {
+// What clips the averaged gradients' global norm to optimizer.max_grad_norm (the optimizer multiplies
+// each gradient by it as it reads it). A sharded optimizer's rank holds the average only in its chunks
+// (and the tails, which every rank holds): each rank sums its chunks, rank 0 the tails too, and the
+// ranks add their sums.
+float Trainer::clip_factor(ClippingStats& clipping) {
   const distributed::ShardLayout* shard = gradient_sync_->optimizer_shard();
-  const std::vector<FlatRange> whole{{0, parameters_->size()}};
   if (shard == nullptr) {
+    const std::vector<FlatRange> whole{{0, parameters_->size()}};
     gradient_norm_ = std::sqrt(optim::gradient_sum_of_squares(*parameters_, whole));
   } else {
     std::vector<FlatRange> counted;
@@ -103,8 +105,8 @@ void Trainer::clip_gradients(ClippingStats& clipping) {
     gradient_norm_ = std::sqrt(squares);
   }
   const float factor = optim::clip_factor(gradient_norm_, config_.optimizer.max_grad_norm);
-  if (factor < 1.0f) optim::scale_gradients(*parameters_, shard ? shard->owned() : whole, factor);
   clipping.add(gradient_norm_, factor < 1.0f);
+  return factor;
 }
 
 // Step `step` of the current epoch on this rank. In deterministic mode each micro-batch has the same

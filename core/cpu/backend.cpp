@@ -34,9 +34,6 @@ void HostMemory::fill(float* dst, int64_t n, float value) {
 void HostMemory::add_scalar(float* y, int64_t n, float value) {
   for (int64_t i = 0; i < n; ++i) y[i] += value;
 }
-void HostMemory::scale(float* y, int64_t n, float factor) {
-  for (int64_t i = 0; i < n; ++i) y[i] *= factor;
-}
 void HostMemory::to_half(const float* x, uint16_t* y, int64_t n, float scale, HalfFormat format) {
   floats_to_halves(x, y, n, scale, format);
 }

@@ -17,7 +17,6 @@ class HostMemory : public Backend {
   void fill(float* dst, int64_t n, float value) override;
   void synchronize() override {}
   void add_scalar(float* y, int64_t n, float value) override;
-  void scale(float* y, int64_t n, float factor) override;
   void to_half(const float* x, uint16_t* y, int64_t n, float scale, HalfFormat format) override;
   void from_half(const uint16_t* x, float* y, int64_t n, HalfFormat format) override;
 };

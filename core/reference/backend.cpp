@@ -437,12 +437,14 @@ double ReferenceBackend::sum_of_squares(const float* x, int64_t n) {
   return static_cast<double>(sum);
 }
 
-// The update rules in double, rounded once per stored value: the optimizers' reference.
+// The update rules in double, rounded once per stored value: the optimizers' reference. The gradient
+// clipping scales is the float it would be after clip_grad_norm_'s in-place multiplication.
 void ReferenceBackend::sgd_step(float* params, const float* grads, float* momentum_buffer, int64_t n,
                                 const SgdStep& s) {
   if (s.skip_if_set != nullptr && *s.skip_if_set != 0) return;
   for (int64_t i = 0; i < n; ++i) {
-    const double d = static_cast<double>(grads[i]) + static_cast<double>(s.weight_decay) * params[i];
+    const float grad = grads[i] * s.grad_scale;
+    const double d = static_cast<double>(grad) + static_cast<double>(s.weight_decay) * params[i];
     double step = d;
     if (s.momentum != 0.0f) {
       const double buf =
@@ -459,7 +461,8 @@ void ReferenceBackend::adam_step(float* params, const float* grads, float* exp_a
   if (s.skip_if_set != nullptr && *s.skip_if_set != 0) return;
   for (int64_t i = 0; i < n; ++i) {
     const double p = static_cast<double>(params[i]) * s.decay;
-    const double g = grads[i] + static_cast<double>(s.l2) * p;
+    const float grad = grads[i] * s.grad_scale;
+    const double g = grad + static_cast<double>(s.l2) * p;
     const double m = s.beta1 * static_cast<double>(exp_avg[i]) + (1.0 - s.beta1) * g;
     const double v = s.beta2 * static_cast<double>(exp_avg_sq[i]) + (1.0 - s.beta2) * g * g;
     exp_avg[i] = round_to_float(m);
