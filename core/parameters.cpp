@@ -21,25 +21,28 @@ StoragePtr window(const Tensor& flat, int64_t offset, int64_t numel) {
 }  // namespace
 
 FlatParameters::FlatParameters(std::vector<NamedTensor> parameters, Device device,
-                               const BufferAllocator& allocate_gradients)
+                               const BufferAllocator& allocate_gradients,
+                               const BufferAllocator& allocate_values)
     : parameters_(std::move(parameters)), device_(device), offsets_(parameters_.size()) {
   for (std::size_t k = parameters_.size(); k-- > 0;) {
     DPTRAIN_CHECK(parameters_[k].tensor.defined(), "parameter '", parameters_[k].name, "' is undefined");
     offsets_[k] = size_;
     size_ += aligned(parameters_[k].tensor.numel());
   }
-  values_ = Tensor::zeros({size_}, device_);
-  if (allocate_gradients) {
-    StoragePtr memory = allocate_gradients(sizeof(float) * static_cast<std::size_t>(size_));
+  // Zeroed, whichever memory it is: the padding between parameters stays zero.
+  const auto flat_buffer = [&](const BufferAllocator& allocate, const char* what) {
+    if (!allocate) return Tensor::zeros({size_}, device_);
+    StoragePtr memory = allocate(sizeof(float) * static_cast<std::size_t>(size_));
     DPTRAIN_CHECK(memory && memory->bytes() >= sizeof(float) * static_cast<std::size_t>(size_) &&
                       memory->device() == device_,
-                  "FlatParameters: the gradient allocator returned no buffer of ", size_, " floats on ",
+                  "FlatParameters: the ", what, " allocator returned no buffer of ", size_, " floats on ",
                   device_.str());
-    grads_ = TensorAccess::wrap({size_}, std::move(memory));
-    zero_grad();
-  } else {
-    grads_ = Tensor::zeros({size_}, device_);
-  }
+    Tensor buffer = TensorAccess::wrap({size_}, std::move(memory));
+    backend_for(device_).fill(buffer.data_ptr(), size_, 0.0f);
+    return buffer;
+  };
+  values_ = flat_buffer(allocate_values, "value");
+  grads_ = flat_buffer(allocate_gradients, "gradient");
   for (std::size_t k = 0; k < parameters_.size(); ++k) {
     const Tensor& p = parameters_[k].tensor;
     StoragePtr values_window = window(values_, offsets_[k], p.numel());

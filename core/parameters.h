@@ -31,9 +31,10 @@ class FlatParameters {
   // Laid out in reverse order, the order backward produces gradients in, each parameter starting on
   // a 64-byte boundary (16 floats); the padding between them is zero and stays zero. The gradient
   // buffer comes from `allocate_gradients` when given (memory on `device` that the gradients' reduction
-  // works in best), else from `device`'s backend.
+  // works in best), else from `device`'s backend; the value buffer likewise from `allocate_values`
+  // (where the updated parameters are all-gathered: a sharded optimizer).
   FlatParameters(std::vector<NamedTensor> parameters, Device device,
-                 const BufferAllocator& allocate_gradients = {});
+                 const BufferAllocator& allocate_gradients = {}, const BufferAllocator& allocate_values = {});
   FlatParameters(const FlatParameters&) = delete;
   FlatParameters& operator=(const FlatParameters&) = delete;
 

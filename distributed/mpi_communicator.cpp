@@ -299,8 +299,10 @@ StoragePtr MpiCommunicator::allocate_reduction_buffer(std::size_t bytes, Device 
   std::shared_ptr<SharedMemorySegment> segment = SharedMemorySegment::create(bytes, rank_, size_, &why_not);
   if (!segment) {
     if (rank_ == 0)
-      std::fprintf(stderr, "dptrain: note: gradients are reduced through MPI, not in shared memory: %s\n",
-                   why_not.c_str());
+      std::fprintf(stderr,
+                   "dptrain: note: the collectives on a buffer of %.1f MB go through MPI, not shared memory: "
+                   "%s\n",
+                   static_cast<double>(bytes) / 1e6, why_not.c_str());
     return make_storage(bytes, device);
   }
   std::erase_if(segments_, [](const auto& s) { return s.expired(); });
@@ -376,6 +378,11 @@ Pending MpiCommunicator::start_reduce_scatter_elements(void* data, std::size_t c
 Pending MpiCommunicator::start_allgather_in_place_elements(void* data, std::size_t chunk, DataType type,
                                                            std::string what, std::string timeline_name) {
   if (size_ == 1 || chunk == 0) return {};
+  const std::size_t bytes = chunk * static_cast<std::size_t>(size_) * element_size(type);
+  for (const auto& weak : segments_)
+    if (auto segment = weak.lock(); segment && segment->contains(data, bytes))
+      return enqueue(what, std::move(timeline_name),
+                     [segment, data, chunk, type, what] { segment->allgather(data, chunk, type, what); });
   return enqueue(std::move(what), std::move(timeline_name), [data, chunk, type] {
     DPTRAIN_MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, checked_count(chunk),
                                     mpi_type(type), MPI_COMM_WORLD));

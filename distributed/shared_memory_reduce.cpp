@@ -44,7 +44,7 @@ struct alignas(64) SlotData {
 namespace {
 
 constexpr std::size_t kPage = 4096;
-constexpr int kAllreduce = 1, kReduceScatter = 2;
+constexpr int kAllreduce = 1, kReduceScatter = 2, kAllgather = 3;
 
 std::size_t round_up(std::size_t n, std::size_t to) {
   return (n + to - 1) / to * to;
@@ -94,7 +94,9 @@ const char* type_name(uint32_t type) {
 std::string describe(const SlotData& s) {
   char text[160];
   std::snprintf(text, sizeof text, "%s of %llu %s at byte %llu (op %u)",
-                s.kind == kAllreduce ? "an allreduce" : "a reduce-scatter",
+                s.kind == kAllreduce       ? "an allreduce"
+                : s.kind == kReduceScatter ? "a reduce-scatter"
+                                           : "an all-gather",
                 static_cast<unsigned long long>(s.count), type_name(s.type),
                 static_cast<unsigned long long>(s.offset), s.op);
   return text;
@@ -335,6 +337,22 @@ void SharedMemorySegment::reduce_scatter(void* data, std::size_t chunk, DataType
   const uint32_t sequence = arrive(offset, count, type, op, kReduceScatter, what);
   const std::size_t begin = chunk * static_cast<std::size_t>(rank_);
   reduce_range(offset, begin, begin + chunk, type, op, /*write_everywhere=*/false);
+  depart(sequence);
+}
+
+void SharedMemorySegment::allgather(void* data, std::size_t chunk, DataType type, const std::string& what) {
+  const std::size_t chunk_bytes = chunk * element_size(type);
+  DPTRAIN_CHECK(contains(data, chunk_bytes * static_cast<std::size_t>(size_)),
+                "shared-memory all-gather of a buffer outside the segment (", what, ")");
+  const std::size_t offset = static_cast<std::size_t>(static_cast<const char*>(data) - region(rank_));
+  // Every rank has written its own chunk before it arrives, and reads the others' only: no chunk is
+  // written and read at once. depart() keeps each owner from changing its chunk until all have read it.
+  const uint32_t sequence =
+      arrive(offset, chunk * static_cast<std::size_t>(size_), type, ReduceOp::kSum, kAllgather, what);
+  for (int q = 0; q < size_; ++q) {
+    const std::size_t at = offset + static_cast<std::size_t>(q) * chunk_bytes;
+    if (q != rank_) std::memcpy(region(rank_) + at, region(q) + at, chunk_bytes);
+  }
   depart(sequence);
 }
 

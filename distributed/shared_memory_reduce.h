@@ -48,6 +48,10 @@ class SharedMemorySegment {
   // here, and no other chunk of any rank changes (Communicator::start_reduce_scatter leaves them
   // undefined).
   void reduce_scatter(void* data, std::size_t chunk, DataType type, ReduceOp op, const std::string& what);
+  // `data` is size() chunks of `chunk` elements of any type; every rank's chunk q becomes rank q's, each
+  // rank copying the peers' chunks straight from their buffers into its own (one copy each; MPI's
+  // shared-memory transport makes two).
+  void allgather(void* data, std::size_t chunk, DataType type, const std::string& what);
   // Collectives this segment has run (tests check that a buffer took this path).
   uint64_t collectives() const { return collectives_; }
 

@@ -231,9 +231,14 @@ Trainer::Trainer(const Config& config, const distributed::World& world)
       *train_set_, loader_options(config, *train_set_, world, device_, true));
   test_loader_ = std::make_unique<data::BatchLoader>(
       *test_set_, loader_options(config, *test_set_, world, device_, false));
-  parameters_ = std::make_unique<FlatParameters>(model_->named_parameters(), device_, [&](std::size_t bytes) {
+  const BufferAllocator reduction_buffer = [&](std::size_t bytes) {
     return state_comm_->allocate_reduction_buffer(bytes, device_);
-  });
+  };
+  // A sharded optimizer's ranks all-gather the updated parameters: in shared memory where the
+  // gradients are reduced there.
+  parameters_ = std::make_unique<FlatParameters>(
+      model_->named_parameters(), device_, reduction_buffer,
+      config.distributed.shard_optimizer && world.size() > 1 ? reduction_buffer : BufferAllocator{});
   buffers_ = std::make_unique<FlatParameters>(model_->named_buffers(), device_);
   if (config.distributed.sync_batchnorm && world.size() > 1) {
     batch_stats_sync_ = std::make_unique<distributed::CommunicatorSum>(*state_comm_);

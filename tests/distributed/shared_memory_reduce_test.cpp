@@ -231,6 +231,44 @@ TEST(SharedMemoryReduce, SumTellsEveryRankWhetherTheResultIsFinite) {
   EXPECT_EQ(comm.shared_memory_collectives(), collectives);
 }
 
+// All-gathers in place of floats and of 2-byte elements, several in flight, from an offset inside the
+// buffer: every rank ends with every rank's chunk, and the elements around them are untouched.
+TEST(SharedMemoryReduce, AllgatherGivesEveryRankEveryChunk) {
+  MpiCommunicator comm(test::world());
+  const int N = comm.size(), r = comm.rank();
+  const std::size_t chunk = 1001, begin = 5, n = chunk * static_cast<std::size_t>(N);
+  StoragePtr floats_memory = comm.allocate_reduction_buffer((n + 2 * begin) * sizeof(float), Device::cpu());
+  StoragePtr halves_memory = comm.allocate_reduction_buffer(n * sizeof(uint16_t), Device::cpu());
+  const std::span<float> floats = elements_of<float>(floats_memory);
+  const std::span<uint16_t> halves = elements_of<uint16_t>(halves_memory);
+  // Chunk q holds rank q's values (q + 1) * 1000 + i; the others' chunks hold garbage on this rank.
+  const auto owned_value = [&](int q, std::size_t i) { return static_cast<float>((q + 1) * 1000 + i % 997); };
+  std::fill(floats.begin(), floats.end(), kUntouched);
+  for (int q = 0; q < N; ++q)
+    for (std::size_t i = 0; i < chunk; ++i) {
+      const std::size_t at = static_cast<std::size_t>(q) * chunk + i;
+      floats[begin + at] = q == r ? owned_value(q, i) : -1.0f;
+      halves[at] = static_cast<uint16_t>(q == r ? q * 7 + i % 5 : 0xffff);
+    }
+  std::vector<Pending> pending;
+  pending.push_back(comm.start_allgather_in_place(floats.subspan(begin, n), "test all-gather of floats"));
+  pending.push_back(comm.start_allgather_in_place(halves, "test all-gather of halves"));
+  for (Pending& p : pending) comm.wait(p);
+  std::size_t wrong = 0;
+  for (int q = 0; q < N; ++q)
+    for (std::size_t i = 0; i < chunk; ++i) {
+      const std::size_t at = static_cast<std::size_t>(q) * chunk + i;
+      wrong += floats[begin + at] != owned_value(q, i);
+      wrong += halves[at] != static_cast<uint16_t>(q * 7 + i % 5);
+    }
+  EXPECT_EQ(wrong, 0u);
+  for (std::size_t i = 0; i < begin; ++i) {
+    EXPECT_EQ(floats[i], kUntouched);
+    EXPECT_EQ(floats[begin + n + i], kUntouched);
+  }
+  EXPECT_EQ(comm.shared_memory_collectives(), N > 1 ? 2u : 0u);
+}
+
 // What the segment does not reduce (integer maxima) and memory it did not hand out go through MPI.
 TEST(SharedMemoryReduce, OtherTypesAndOtherMemoryGoThroughMpi) {
   MpiCommunicator comm(test::world());
