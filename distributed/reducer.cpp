@@ -111,7 +111,8 @@ std::string GradientReducer::describe() const {
   if (!shard_) return text;
   return text + std::string(", optimizer sharded over ") + std::to_string(comm_.size()) +
          " rank(s) (reduce-scatter, update of this rank's 1/" + std::to_string(comm_.size()) +
-         ", all-gather of the parameters)";
+         ", all-gather of the parameters" +
+         (comm_.reduces_in_shared_memory(parameters_.values().data_ptr()) ? " in shared memory)" : ")");
 }
 
 float GradientReducer::loss_scale(int64_t passes) const {

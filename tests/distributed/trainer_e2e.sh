@@ -227,6 +227,9 @@ case "$CASE" in
     [ "$((2 * half))" = "$whole" ] || fail "the sharded state ($half bytes) is not half of $whole"
     grep -q "^optimizer: adam, state .* per rank (sharded over 2 ranks: .* in all)$" np2_sharded.out ||
       fail "the startup line does not report the sharded state: $(grep '^optimizer:' np2_sharded.out)"
+    # On one host both halves of the sync run in shared memory, the parameters' all-gather included.
+    grep -q "in shared memory, optimizer sharded over 2 rank(s) (.*, all-gather of the parameters in shared memory)" \
+      np2_sharded.out || fail "the parameters are not all-gathered in shared memory: $(grep '^gradients:' np2_sharded.out)"
     # 3 ranks: the padded buckets (multiples of 16 floats) do not divide by 3, so each keeps a tail
     # that every rank allreduces and updates; MPI may add three terms in another order in the
     # reduce-scatter than in the allreduce: float rounding only (limit as equivalence_sgd's).
