@@ -58,7 +58,6 @@ __global__ void fill_kernel(float* y, int64_t n, float value) {
 __global__ void add_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] += x[i];
 }
-
 __global__ void add_scalar_kernel(float* y, int64_t n, float value) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) y[i] += value;
 }
@@ -623,7 +622,6 @@ void add(const float* x, float* y, int64_t n, cudaStream_t stream) {
 void add_scalar(float* y, int64_t n, float value, cudaStream_t stream) {
   DPTRAIN_LAUNCH(add_scalar_kernel, n, stream, y, n, value);
 }
-
 void add_device_scalar(const float* value, float* y, int64_t n, cudaStream_t stream) {
   DPTRAIN_LAUNCH(add_device_scalar_kernel, n, stream, value, y, n);
 }

@@ -324,13 +324,17 @@ uint64_t MpiCommunicator::shared_memory_collectives() const {
   return total;
 }
 
+std::shared_ptr<SharedMemorySegment> MpiCommunicator::segment_holding(const void* data,
+                                                                      std::size_t bytes) const {
+  for (const auto& weak : segments_)
+    if (auto segment = weak.lock(); segment && segment->contains(data, bytes)) return segment;
+  return nullptr;
+}
+
 std::shared_ptr<SharedMemorySegment> MpiCommunicator::segment_for(const void* data, std::size_t count,
                                                                   DataType type, ReduceOp op) const {
   if (!SharedMemorySegment::supports(type, op)) return nullptr;
-  for (const auto& weak : segments_)
-    if (auto segment = weak.lock(); segment && segment->contains(data, count * element_size(type)))
-      return segment;
-  return nullptr;
+  return segment_holding(data, count * element_size(type));
 }
 
 Pending MpiCommunicator::start_allreduce_elements(void* data, std::size_t count, DataType type, ReduceOp op,
@@ -378,11 +382,9 @@ Pending MpiCommunicator::start_reduce_scatter_elements(void* data, std::size_t c
 Pending MpiCommunicator::start_allgather_in_place_elements(void* data, std::size_t chunk, DataType type,
                                                            std::string what, std::string timeline_name) {
   if (size_ == 1 || chunk == 0) return {};
-  const std::size_t bytes = chunk * static_cast<std::size_t>(size_) * element_size(type);
-  for (const auto& weak : segments_)
-    if (auto segment = weak.lock(); segment && segment->contains(data, bytes))
-      return enqueue(what, std::move(timeline_name),
-                     [segment, data, chunk, type, what] { segment->allgather(data, chunk, type, what); });
+  if (auto segment = segment_holding(data, chunk * static_cast<std::size_t>(size_) * element_size(type)))
+    return enqueue(what, std::move(timeline_name),
+                   [segment, data, chunk, type, what] { segment->allgather(data, chunk, type, what); });
   return enqueue(std::move(what), std::move(timeline_name), [data, chunk, type] {
     DPTRAIN_MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, checked_count(chunk),
                                     mpi_type(type), MPI_COMM_WORLD));

@@ -62,6 +62,8 @@ class MpiCommunicator final : public Communicator {
   // Queues `run` on the communication thread (started on first use); in submission order.
   Pending enqueue(std::string what, std::string timeline_name, std::function<void()> run);
   void drain();
+  // The shared segment that holds `bytes` at `data`, if any.
+  std::shared_ptr<SharedMemorySegment> segment_holding(const void* data, std::size_t bytes) const;
   // The shared segment that holds `count` elements of `type` at `data`, if it can reduce them with `op`.
   std::shared_ptr<SharedMemorySegment> segment_for(const void* data, std::size_t count, DataType type,
                                                    ReduceOp op) const;

@@ -366,7 +366,7 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
           step, totals.loss_sum.value() / totals.samples,
           config_.model.loss == LossKind::kMse ? -1.0 : static_cast<double>(totals.correct) / totals.samples,
           totals.samples * world_.size() / seconds_since(start),
-          config_.optimizer.max_grad_norm > 0 ? gradient_norm_ : -1.0);
+          config_.optimizer.max_grad_norm > 0 ? totals.clipping.last_norm : -1.0);
     }
     stop_ = agree_on_stop();
     const bool epoch_ends = step + 1 == steps || step_limit_reached() || stop_.any();

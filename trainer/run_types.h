@@ -27,12 +27,13 @@ struct StepTimes {
 // optimizer.max_grad_norm clips. Every rank computes the same norms.
 struct ClippingStats {
   int64_t steps = 0, clipped_steps = 0;
-  double norm_sum = 0, norm_max = 0;
+  double norm_sum = 0, norm_max = 0, last_norm = 0;
   void add(double norm, bool clipped) {
     ++steps;
     clipped_steps += clipped ? 1 : 0;
     norm_sum += norm;
     norm_max = std::max(norm_max, norm);
+    last_norm = norm;
   }
   double norm_mean() const { return steps > 0 ? norm_sum / static_cast<double>(steps) : 0.0; }
 };

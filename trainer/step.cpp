@@ -89,9 +89,10 @@ void Trainer::train_step(int64_t epoch, int64_t step, StepTotals& totals) {
 // ranks add their sums.
 float Trainer::clip_factor(ClippingStats& clipping) {
   const distributed::ShardLayout* shard = gradient_sync_->optimizer_shard();
+  double norm = 0;
   if (shard == nullptr) {
     const std::vector<FlatRange> whole{{0, parameters_->size()}};
-    gradient_norm_ = std::sqrt(optim::gradient_sum_of_squares(*parameters_, whole));
+    norm = std::sqrt(optim::gradient_sum_of_squares(*parameters_, whole));
   } else {
     std::vector<FlatRange> counted;
     for (std::size_t w = 0; w < shard->windows(); ++w) {
@@ -102,10 +103,10 @@ float Trainer::clip_factor(ClippingStats& clipping) {
     comm_->allreduce(std::span<double>(&squares, 1), distributed::ReduceOp::kSum,
                      "sum of the squared gradients (optimizer.max_grad_norm) at step " +
                          std::to_string(position_.global_step));
-    gradient_norm_ = std::sqrt(squares);
+    norm = std::sqrt(squares);
   }
-  const float factor = optim::clip_factor(gradient_norm_, config_.optimizer.max_grad_norm);
-  clipping.add(gradient_norm_, factor < 1.0f);
+  const float factor = optim::clip_factor(norm, config_.optimizer.max_grad_norm);
+  clipping.add(norm, factor < 1.0f);
   return factor;
 }
 

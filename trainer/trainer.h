@@ -160,7 +160,6 @@ class Trainer {
   bool resumed_ = false;
   StopRequests stop_;  // agreed by all ranks; any(): the loop ends after this step
   double lr_ = 0;
-  double gradient_norm_ = 0;  // before clipping, at the last step (optimizer.max_grad_norm)
   uint64_t checksum_ = 0;
 };
 
