@@ -321,10 +321,14 @@ struct InputGradient {
 // gl.input_rows * ig.in_channels floats.
 void add_input_gradient(const Conv2dGeometry& g, const Layout& l, const GradientLayout& gl,
                         const InputGradient& ig, const float* grad, float* out, float* gx) {
+  // Only the rows from the first input row's to the last's are read below, not the padding's rows
+  // above and below (at 8x8, 20 of the padded plane's 100 pixels). Blocks start at multiples of their
+  // size, so that the last ends inside gl.input_rows.
+  const int64_t first_row = g.padding * l.row, end_row = (g.padding + g.height) * l.row;
   for (int64_t c0 = 0; c0 < ig.in_channels; c0 += kGradientPackets * kLanes) {
     const int64_t packets = packets_from(c0, ig.in_channels);
     const int64_t pixels = kInputPixels[packets - 1];
-    for (int64_t j0 = 0; j0 < gl.input_rows; j0 += pixels)
+    for (int64_t j0 = first_row / pixels * pixels; j0 < end_row; j0 += pixels)
       kInputGradientKernels[packets - 1](grad, gl, l, g, ig.weights, ig.in_channels, j0, c0, out);
   }
   for (int64_t c = 0; c < g.channels; ++c)
