@@ -11,6 +11,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "core/activation_rules.h"
 #include "core/cpu/conv_direct.h"
@@ -18,6 +19,7 @@
 #include "core/cpu/eigen.h"
 #include "core/cpu/gemm.h"
 #include "core/cpu/kernels.h"
+#include "core/cpu/packet.h"
 #include "core/error.h"
 #include "core/storage.h"
 
@@ -178,6 +180,40 @@ float masked_gradient(float g, float y) {
   return std::bit_cast<float>(std::bit_cast<uint32_t>(g) & -static_cast<uint32_t>(y > 0.0f));
 }
 
+// The output gradient of one sample, planes [O, P] (through ReLU's mask where y is given), into
+// channels-last rows: pixel p's channels at to[offset_of[p] + o]. Blocks of kLanes channels by kLanes
+// pixels go through a transpose in registers, so that each store is a packet of one pixel's channels;
+// the rest float by float. (All float by float, this scatter was 1.4% of resnet18's step at 64x64;
+// its 3x3/1 backward went from 71.8 to 68.6 ms a step, ResNet-50's from 480 to 465, one AMD EPYC core.)
+void planes_to_rows(const float* go, const float* y, int64_t O, int64_t P, const int64_t* offset_of,
+                    float* to) {
+  using simd::kLanes, simd::Packet;
+  const auto value = [&](int64_t at) { return y ? masked_gradient(go[at], y[at]) : go[at]; };
+  const int64_t whole_o = O / kLanes * kLanes, whole_p = P / kLanes * kLanes;
+  for (int64_t o = 0; o < whole_o; o += kLanes) {
+    for (int64_t p = 0; p < whole_p; p += kLanes) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wignored-attributes"  // Packet's vector attributes, as a template argument
+      Eigen::internal::PacketBlock<Packet, kLanes> block;
+#pragma GCC diagnostic pop
+      for (int64_t i = 0; i < kLanes; ++i) {
+        const int64_t at = (o + i) * P + p;
+        block.packet[i] = simd::load(go + at);
+        // The mask's bits: all ones where y > 0, none elsewhere (NaN included), as masked_gradient's.
+        if (y)
+          block.packet[i] = Eigen::internal::pand(block.packet[i],
+                                                  Eigen::internal::pcmp_lt(simd::zero(), simd::load(y + at)));
+      }
+      Eigen::internal::ptranspose(block);
+      for (int64_t j = 0; j < kLanes; ++j) simd::pstoreu(to + offset_of[p + j] + o, block.packet[j]);
+    }
+    for (int64_t i = 0; i < kLanes; ++i)
+      for (int64_t p = whole_p; p < P; ++p) to[offset_of[p] + o + i] = value((o + i) * P + p);
+  }
+  for (int64_t o = whole_o; o < O; ++o)
+    for (int64_t p = 0; p < P; ++p) to[offset_of[p] + o] = value(o * P + p);
+}
+
 // Backward: write_output_gradient(sample, base, offset_of, channel_stride) writes the conv output
 // gradient of one sample, pixel p of channel o at base[offset_of[p] + o * channel_stride], all zero
 // beforehand. Over the batch in chunks (the chunk's planes in [O, count*P] layout, then its GEMMs)
@@ -269,6 +305,11 @@ void conv2d_backward(const float* go, const float* x, const float* w, const floa
   backward_with(
       g, x, w, adding_into(gx, g), gw, gbias,
       [&](int64_t sample, float* to, auto offset_of, int64_t channel_stride) {
+        if constexpr (std::is_pointer_v<decltype(offset_of)>) {
+          if (channel_stride == 1)
+            return planes_to_rows(go + sample * O * P, g.fuse_relu ? y + sample * O * P : nullptr, O, P,
+                                  offset_of, to);
+        }
         for (int64_t o = 0; o < O; ++o) {
           const int64_t at = (sample * O + o) * P;
           float* plane = to + o * channel_stride;
