@@ -353,7 +353,12 @@ std::vector<Case> cases() {
                                          // the GEMM's edges at stride 2 (ResNet's downsampling): 50 and
                                          // 98 columns, a ragged last block of them, 36 and 20 rows
                                          {{2, 20, 9, 9}, {36, 20, 3, 3}, 2, 1, true, false},
-                                         {{2, 36, 14, 14}, {20, 36, 1, 1}, 2, 0, false, true}}) {
+                                         {{2, 36, 14, 14}, {20, 36, 1, 1}, 2, 0, false, true},
+                                         // a ResNet stem (7x7/2, padding 3), whose im2col copies from
+                                         // rows split into even and odd columns: an odd width and an
+                                         // even one
+                                         {{2, 3, 15, 21}, {8, 3, 7, 7}, 2, 3, true, true},
+                                         {{2, 3, 16, 16}, {8, 3, 7, 7}, 2, 3, false, true}}) {
     const std::string shapes = "x " + str(v.x) + ", w " + str(v.w) + ", stride " + std::to_string(v.stride) +
                                ", pad " + std::to_string(v.padding) + (v.relu ? ", fused relu" : "") +
                                (v.bias ? ", bias" : ", no bias");
