@@ -224,15 +224,12 @@ float masked_gradient(float g, float y) {
 // its 3x3/1 backward went from 71.8 to 68.6 ms a step, ResNet-50's from 480 to 465, one AMD EPYC core.)
 void planes_to_rows(const float* go, const float* y, int64_t O, int64_t P, const int64_t* offset_of,
                     float* to) {
-  using simd::kLanes, simd::Packet;
+  using simd::kLanes;
   const auto value = [&](int64_t at) { return y ? masked_gradient(go[at], y[at]) : go[at]; };
   const int64_t whole_o = O / kLanes * kLanes, whole_p = P / kLanes * kLanes;
   for (int64_t o = 0; o < whole_o; o += kLanes) {
     for (int64_t p = 0; p < whole_p; p += kLanes) {
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wignored-attributes"  // Packet's vector attributes, as a template argument
-      Eigen::internal::PacketBlock<Packet, kLanes> block;
-#pragma GCC diagnostic pop
+      simd::Block block;
       for (int64_t i = 0; i < kLanes; ++i) {
         const int64_t at = (o + i) * P + p;
         block.packet[i] = simd::load(go + at);

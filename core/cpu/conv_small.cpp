@@ -86,12 +86,9 @@ enum Slot {
   kWeightGradient
 };
 
+using simd::Block;
 using simd::kLanes;
 using simd::Packet;
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wignored-attributes"  // Packet's vector attributes, as a template argument
-using Block = Eigen::internal::PacketBlock<Packet, kLanes>;
-#pragma GCC diagnostic pop
 
 // Whether the block of kLanes input channels from c0 goes through registers (below): T <= kLanes,
 // and its last packet's kLanes floats inside the output channel's C * T (another thread's otherwise).

@@ -100,10 +100,7 @@ void transpose_into(Operand b, int64_t j, int64_t cols, int64_t k0, int64_t dept
   const int64_t whole_cols = cols / kLanes * kLanes, whole_depth = depth / kLanes * kLanes;
   for (int64_t c = 0; c < whole_cols; c += kLanes)
     for (int64_t kk = 0; kk < whole_depth; kk += kLanes) {
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wignored-attributes"  // Packet's vector attributes, as a template argument
-      Eigen::internal::PacketBlock<Packet, kLanes> block;
-#pragma GCC diagnostic pop
+      Block block;
       for (int64_t t = 0; t < kLanes; ++t) block.packet[t] = load(b.data + (j + c + t) * b.stride + k0 + kk);
       Eigen::internal::ptranspose(block);
       for (int64_t t = 0; t < kLanes; ++t) pstoreu(to + (kk + t) * to_stride + c, block.packet[t]);

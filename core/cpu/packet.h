@@ -15,6 +15,12 @@ using Eigen::internal::pmadd;  // fused where the ISA has a fused multiply-add
 using Eigen::internal::pset1;
 using Eigen::internal::pstoreu;
 
+// kLanes packets, which Eigen's ptranspose transposes in registers (row i becomes column i).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wignored-attributes"  // Packet's vector attributes, as a template argument
+using Block = Eigen::internal::PacketBlock<Packet, kLanes>;
+#pragma GCC diagnostic pop
+
 inline Packet load(const float* p) {
   return Eigen::internal::ploadu<Packet>(p);
 }
