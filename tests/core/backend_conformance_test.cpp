@@ -327,9 +327,19 @@ std::vector<Case> cases() {
                                          {{2, 4, 8, 8}, {3, 4, 1, 1}, 1, 0, false, false},
                                          {{1, 3, 7, 7}, {2, 3, 7, 7}, 1, 0, true, false},
                                          {{8, 32, 13, 13}, {64, 32, 3, 3}, 1, 0, true, true},
-                                         // the CPU's direct kernels with 3 and 4+1 packets of channels
-                                         // each way, padding; 1x1 and rows of 6 for 4 outputs go to im2col
+                                         // the CPU's direct kernels both ways over planes large enough
+                                         // for them: 5 packets of input channels, padding 1 and 2,
+                                         // output channels and pixels that leave a tail
+                                         {{2, 80, 16, 16}, {36, 80, 3, 3}, 1, 1, false, true},
+                                         {{2, 20, 24, 24}, {24, 20, 5, 5}, 1, 2, true, false},
+                                         {{2, 40, 15, 15}, {84, 40, 3, 3}, 1, 1, true, true},
+                                         // small-plane forward, direct backward (ResNet's 3x3 over 8x8):
+                                         // 2.5 and 5 packets of input channels, the ReLU-masked output
+                                         // gradient written with a channel tail and a pixel tail; 1x1
+                                         // and rows of 6 for 4 outputs go to im2col
                                          {{2, 40, 7, 9}, {80, 40, 3, 3}, 1, 1, true, true},
+                                         {{2, 80, 8, 8}, {36, 80, 3, 3}, 1, 1, false, false},
+                                         {{2, 40, 7, 9}, {84, 40, 3, 3}, 1, 1, true, false},
                                          {{3, 72, 6, 6}, {36, 72, 2, 2}, 1, 1, false, false},
                                          {{2, 48, 5, 5}, {20, 48, 1, 1}, 1, 0, false, true},
                                          // per-tap GEMMs over small planes (3x3 over 4x4 and 2x2, a
@@ -342,13 +352,17 @@ std::vector<Case> cases() {
                                          {{2, 20, 3, 3}, {18, 20, 5, 5}, 1, 2, false, true},
                                          {{2, 20, 2, 2}, {18, 20, 5, 5}, 1, 2, true, true},
                                          {{3, 24, 3, 3}, {16, 24, 2, 2}, 1, 1, true, true},
+                                         // the weight gradient's staged blocks at 16 taps (a 4x4 kernel
+                                         // over 2x2 to one pixel) and at 12 (3x4)
+                                         {{1, 32, 2, 2}, {32, 32, 4, 4}, 1, 1, false, true},
+                                         {{2, 24, 3, 3}, {16, 24, 3, 4}, 1, 1, true, false},
                                          // 1x1 over planes of 961 and 1,024: one-sample chunks that
                                          // read and write the tensors in place, at samples not 64-byte
                                          // aligned (bias and ReLU in place, or the ReLU-masked gradient
                                          // through a copy)
                                          {{2, 65, 31, 31}, {130, 65, 1, 1}, 1, 0, false, true},
                                          {{2, 64, 32, 32}, {128, 64, 1, 1}, 1, 0, true, false},
-                                         // weights over 1 MiB: direct forward, im2col backward
+                                         // weights over 1 MiB: small-plane forward, im2col backward
                                          {{1, 128, 6, 6}, {256, 128, 3, 3}, 1, 1, true, true},
                                          // the GEMM's edges at stride 2 (ResNet's downsampling): 50 and
                                          // 98 columns, a ragged last block of them, 36 and 20 rows
@@ -358,7 +372,14 @@ std::vector<Case> cases() {
                                          // rows split into even and odd columns: an odd width and an
                                          // even one
                                          {{2, 3, 15, 21}, {8, 3, 7, 7}, 2, 3, true, true},
-                                         {{2, 3, 16, 16}, {8, 3, 7, 7}, 2, 3, false, true}}) {
+                                         {{2, 3, 16, 16}, {8, 3, 7, 7}, 2, 3, false, true},
+                                         // the split past the first chunk (one sample a chunk here), an
+                                         // even kernel width, a 1x7 kernel, and a kernel wider than rows
+                                         // of 2 (halves of one float)
+                                         {{2, 3, 48, 64}, {64, 3, 7, 7}, 2, 3, true, false},
+                                         {{2, 3, 9, 10}, {8, 3, 4, 4}, 2, 1, false, true},
+                                         {{2, 3, 9, 10}, {8, 3, 1, 7}, 2, 2, true, true},
+                                         {{2, 3, 5, 2}, {4, 3, 5, 5}, 2, 2, false, true}}) {
     const std::string shapes = "x " + str(v.x) + ", w " + str(v.w) + ", stride " + std::to_string(v.stride) +
                                ", pad " + std::to_string(v.padding) + (v.relu ? ", fused relu" : "") +
                                (v.bias ? ", bias" : ", no bias");
