@@ -200,14 +200,19 @@ void* CudaBackend::upload(const void* host_src, std::size_t bytes) {
   make_current();
   if (bytes == 0) return nullptr;
   if (upload_pool_ == nullptr) return Backend::upload(host_src, bytes);
-  Pinned& slot = batch_upload_[next_batch_upload_];
-  void* staging = stage(batch_upload_, next_batch_upload_, host_src, bytes);
   // A block of the upload pool, free in upload_stream_'s order: a batch released by the compute
   // stream (its last reader) becomes reusable once that stream passes the release, so the copy waits
-  // for the step that read it, not for everything queued since.
+  // for the step that read it, not for everything queued since. Neither pool lends the other its
+  // cached blocks: where the device is full of the default pool's (a larger evaluation batch late in
+  // a run), the batch takes the default pool's path instead of failing.
   void* dst = nullptr;
-  DPTRAIN_CUDA_CHECK(cudaMallocFromPoolAsync(&dst, bytes, upload_pool_, upload_stream_));
+  if (cudaMallocFromPoolAsync(&dst, bytes, upload_pool_, upload_stream_) != cudaSuccess) {
+    cudaGetLastError();  // out of memory is not sticky
+    return Backend::upload(host_src, bytes);
+  }
+  Pinned& slot = batch_upload_[next_batch_upload_];
   try {
+    void* staging = stage(batch_upload_, next_batch_upload_, host_src, bytes);
     DPTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, staging, bytes, cudaMemcpyHostToDevice, upload_stream_));
     DPTRAIN_CUDA_CHECK(cudaEventRecord(slot.done, upload_stream_));
     DPTRAIN_CUDA_CHECK(cudaStreamWaitEvent(compute_, slot.done, 0));
