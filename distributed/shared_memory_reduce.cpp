@@ -281,7 +281,7 @@ void SharedMemorySegment::depart(uint32_t sequence) {
   // No rank touches its buffer again (nor another's) before every rank is done with it.
   for (int q = 0; q < size_; ++q)
     if (q != rank_) wait_until(slot(base_, q).reduced, sequence);
-  ++collectives_;
+  collectives_.fetch_add(1, std::memory_order_relaxed);
 }
 
 bool SharedMemorySegment::reduce_range(std::size_t offset, std::size_t begin, std::size_t end, DataType type,

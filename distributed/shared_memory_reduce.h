@@ -12,6 +12,7 @@
 // briefly, then sleeps on a futex, so a rank whose peer is still in backward gives the core back.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -52,8 +53,9 @@ class SharedMemorySegment {
   // rank copying the peers' chunks straight from their buffers into its own (one copy each; MPI's
   // shared-memory transport makes two).
   void allgather(void* data, std::size_t chunk, DataType type, const std::string& what);
-  // Collectives this segment has run (tests check that a buffer took this path).
-  uint64_t collectives() const { return collectives_; }
+  // Collectives this segment has run (tests check that a buffer took this path). Counted on the
+  // communication thread, read from any.
+  uint64_t collectives() const { return collectives_.load(std::memory_order_relaxed); }
 
   // Whether the shared-memory path reduces `type` with `op`; others go through MPI.
   static bool supports(DataType type, ReduceOp op);
@@ -86,7 +88,7 @@ class SharedMemorySegment {
   std::size_t mapped_, header_, stride_, bytes_;
   int rank_, size_;
   uint32_t sequence_ = 0;
-  uint64_t collectives_ = 0;
+  std::atomic<uint64_t> collectives_{0};
 };
 
 }  // namespace dptrain::distributed
