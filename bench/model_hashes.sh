@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # sha256 of the final model.safetensors in the runs that a refactor must leave bit for bit alike:
 # MNIST 1 epoch at np 1 and 2, fp16 at np 2, PowerSGD at np 2 (200 steps), deterministic mode at np 1
-# and 4, resnet20 with and without SyncBN at np 2 (20 steps, synthetic data), and a kill -9 at step 60 resumed
-# from the step-50 checkpoint. Run it with the old and the new build's trainer and compare the lines.
+# and 4, resnet20 with and without SyncBN at np 2 (20 steps, synthetic data), resnet50 at 224x224 (3
+# steps of 4), and a kill -9 at step 60 resumed from the step-50 checkpoint. Run it with the old and
+# the new build's trainer and compare the lines.
 #
 #   bench/model_hashes.sh TRAINER OUTDIR      (needs data/mnist; one thread per rank)
 set -uo pipefail
-[[ $# -eq 2 ]] || { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -eq 2 ]] || { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 trainer=$(realpath "$1") out=$(realpath -m "$2")
 mkdir -p "$out"
@@ -36,6 +37,8 @@ run resnet20_syncbn_np2 2 configs/resnet20_fashion_mnist.json --set data.dataset
 run resnet20_np2 2 configs/resnet20_fashion_mnist.json --set data.dataset=synthetic --set data.batch_size=16 \
   --set data.synthetic.samples=512 --set data.synthetic.test_samples=64 --set training.max_steps=20 \
   --set optimizer.warmup_epochs=0
+run resnet50_np1 1 configs/resnet50_synthetic.json --set data.batch_size=4 --set data.synthetic.samples=16 \
+  --set data.synthetic.test_samples=4 --set training.max_steps=3
 killed=(--set training.max_steps=120 --set checkpoint.every_steps=50)
 rm -rf "${out:?}/kill_resume"
 DPTRAIN_INJECT_FAULT=1:60:kill mpirun --oversubscribe -np 2 "$trainer" --config configs/mnist.json "${common[@]}" \

@@ -173,7 +173,9 @@ void col2im_add(const ConvGeometry& g, const float* gcols, int64_t first, int64_
 }
 
 // Backward's GEMMs for samples [first, first + count), given their output gradient gy as [O, count*P].
-void chunk_backward(const ConvGeometry& g, const float* gy, const float* x, const float* w, float* gx,
+// gx is added into, except where the product is the input's gradient as it lies and gx.overwrite
+// says to write it: the bits of adding into zeros, as the GEMM's sums start from +0 (never -0).
+void chunk_backward(const ConvGeometry& g, const float* gy, const float* x, const float* w, GradientOut gx,
                     float* gw, float* gbias, int64_t first, int64_t count, float* cols, float* gcols) {
   const int64_t K = g.patch(), O = g.out_channels, n = count * g.pixels();
   const bool in_place = count == 1 && columns_are_input(g);
@@ -186,10 +188,10 @@ void chunk_backward(const ConvGeometry& g, const float* gy, const float* x, cons
   }
   const Operand w_transposed{w, K, /*transposed=*/true};
   if (gx && in_place) {
-    gemm(K, n, O, w_transposed, {gy, n}, gx + first * K * n, n, /*accumulate=*/true);
+    gemm(K, n, O, w_transposed, {gy, n}, gx.data + first * K * n, n, /*accumulate=*/!gx.overwrite);
   } else if (gx) {
     gemm(K, n, O, w_transposed, {gy, n}, gcols, n, /*accumulate=*/false);
-    col2im_add(g, gcols, first, count, gx);
+    col2im_add(g, gcols, first, count, gx.data);
   }
 }
 
@@ -248,21 +250,34 @@ void planes_to_rows(const float* go, const float* y, int64_t O, int64_t P, const
     for (int64_t p = 0; p < P; ++p) to[offset_of[p] + o] = value(o * P + p);
 }
 
+// The input gradient for kernels that add into it: one to be written starts from zeros. (A 1x1
+// convolution's input gradient in place is written by its GEMM instead: there the zeros were a
+// tensor's worth of stores, and the GEMM's loads of them, beside products of short depth.)
+float* adding_into(GradientOut gx, const Conv2dGeometry& g) {
+  if (gx.overwrite)
+    std::memset(gx.data, 0,
+                sizeof(float) * static_cast<std::size_t>(g.batch * g.channels * g.height * g.width));
+  return gx.data;
+}
+
 // Backward: write_output_gradient(sample, base, offset_of, channel_stride) writes the conv output
 // gradient of one sample, pixel p of channel o at base[offset_of[p] + o * channel_stride], all zero
 // beforehand. Over the batch in chunks (the chunk's planes in [O, count*P] layout, then its GEMMs)
 // unless the direct kernels take the geometry, in their own layout. `output_gradient`, when given, is
 // what the writer would write, [batch, O, P]: one-sample chunks read it in place.
 template <typename WriteOutputGradient>
-void backward_with(const ConvGeometry& g, const float* x, const float* w, float* gx, float* gw, float* gbias,
-                   WriteOutputGradient write_output_gradient, const float* output_gradient = nullptr) {
+void backward_with(const ConvGeometry& g, const float* x, const float* w, GradientOut gx, float* gw,
+                   float* gbias, WriteOutputGradient write_output_gradient,
+                   const float* output_gradient = nullptr) {
   if (small_plane_conv::applies_backward(g))
-    return small_plane_conv::backward(g, x, w, gx, gw, gbias, write_output_gradient);
+    return small_plane_conv::backward(g, x, w, adding_into(gx, g), gw, gbias, write_output_gradient);
   if (direct_conv::applies_backward(g))
-    return direct_conv::backward(g, x, w, gx, gw, gbias, write_output_gradient);
-  const int64_t P = g.pixels(), O = g.out_channels, chunk = chunk_samples(g, gx != nullptr);
+    return direct_conv::backward(g, x, w, adding_into(gx, g), gw, gbias, write_output_gradient);
+  const int64_t P = g.pixels(), O = g.out_channels, chunk = chunk_samples(g, bool(gx));
+  const bool gemm_writes_gx = chunk == 1 && columns_are_input(g);  // chunk_backward's in-place case
+  if (!gemm_writes_gx) gx = adding_into(gx, g);
   const bool gradient_in_place = output_gradient != nullptr && chunk == 1;
-  ChunkBuffers buffers(g, chunk, gx != nullptr, gradient_in_place);
+  ChunkBuffers buffers(g, chunk, bool(gx), gradient_in_place);
   for (int64_t first = 0; first < g.batch; first += chunk) {
     const int64_t count = std::min(chunk, g.batch - first), n = count * P;
     const float* gy = gradient_in_place ? output_gradient + first * O * P : nullptr;
@@ -304,15 +319,6 @@ void forward_with(const ConvGeometry& g, const float* x, const float* w, Visit v
   }
 }
 
-// The input gradient for the kernels above, which add into it: one to be written starts from zeros
-// (the CPU spends little on this; it is a GPU's zeroing pass that writing saves).
-float* adding_into(GradientOut gx, const Conv2dGeometry& g) {
-  if (gx.overwrite)
-    std::memset(gx.data, 0,
-                sizeof(float) * static_cast<std::size_t>(g.batch * g.channels * g.height * g.width));
-  return gx.data;
-}
-
 }  // namespace
 
 void conv2d(const float* x, const float* w, const float* bias, float* y, const Conv2dGeometry& g) {
@@ -337,7 +343,7 @@ void conv2d_backward(const float* go, const float* x, const float* w, const floa
   const int64_t P = g.pixels(), O = g.out_channels;
   // [batch, O, P] -> the layout the backward kernels read (through ReLU's mask if fused).
   backward_with(
-      g, x, w, adding_into(gx, g), gw, gbias,
+      g, x, w, gx, gw, gbias,
       [&](int64_t sample, float* to, auto offset_of, int64_t channel_stride) {
         if constexpr (std::is_pointer_v<decltype(offset_of)>) {
           if (channel_stride == 1)
@@ -379,7 +385,7 @@ void conv2d_relu_maxpool_backward(const float* gy, const int32_t* argmax, const 
   const int64_t pooled = geometry.pool.out_h * geometry.pool.out_w;
   // Each window's gradient goes to its winner where the pooled value (the winner's ReLU output) is
   // positive, in maxpool2d_backward's order.
-  backward_with(geometry.conv, x, w, adding_into(gx, geometry.conv), gw, gbias,
+  backward_with(geometry.conv, x, w, gx, gw, gbias,
                 [&](int64_t sample, float* to, auto offset_of, int64_t channel_stride) {
                   for (int64_t o = 0; o < O; ++o) {
                     const int64_t at = (sample * O + o) * pooled;

@@ -62,6 +62,13 @@ void pack_left(int64_t m, int64_t k, Operand a, float* packed) {
 template <int Packets, bool Packed>
 void tile(int64_t depth, const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy,
           int64_t rows, int64_t cols, bool add) {
+  // The tile of Y to be added into is fetched (for writing) while its products run. Short products
+  // otherwise end waiting on memory: a 1x1 convolution's input gradient over 64 channels, added into
+  // the shortcut's over 56x56 x 256 channels, whose rows lie a plane apart (more streams than the
+  // hardware prefetcher follows), ran at 146 GFLOP/s, at 215 this way.
+  if (add)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; c += kLanes) __builtin_prefetch(y + r * ldy + c, /*write=*/1, /*keep=*/3);
   Packet sums[kRows][Packets];
   for (auto& row : sums)
     for (Packet& s : row) s = zero();

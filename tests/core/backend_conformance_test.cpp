@@ -783,6 +783,10 @@ TEST(Gradients, WrittenOnesIgnoreWhatTheBufferHeld) {
       {"conv 3x3/1, direct, ReLU", {2, 3, 9, 9, 4, 3, 3, 9, 9, 1, 1, true}},
       {"conv 3x3/2, im2col", {2, 8, 9, 9, 5, 3, 3, 4, 4, 2, 0, false}},
       {"conv 1x1/1, one sample in place", {1, 48, 5, 5, 8, 1, 1, 5, 5, 1, 0, false}},
+      // written by the GEMM itself, sample after sample, the second block of its depth (200 outputs)
+      // adding into the first
+      {"conv 1x1/1, in place, written by its GEMM", {2, 64, 32, 32, 200, 1, 1, 32, 32, 1, 0, false}},
+      {"conv 1x1/1, a chunk of three samples", {3, 16, 4, 4, 8, 1, 1, 4, 4, 1, 0, false}},
       {"conv 3x3/1 over 2x2, per-tap GEMMs", {3, 16, 2, 2, 24, 3, 3, 2, 2, 1, 1, true}},
   };
   for (const Device device : devices) {
