@@ -43,8 +43,9 @@ int64_t chunk_samples(const ConvGeometry& g, bool input_gradient) {
 }
 
 // A 1x1 convolution at stride 1 without padding: one sample's column matrix [C, P] is that sample's
-// input as it lies, and its columns' gradient adds to the input's gradient as it lies, so one-sample
-// chunks read and write the tensors themselves instead of copies.
+// input as it lies, and its columns' gradient is the input's gradient as it lies (added into it, or
+// written where it is to be written), so one-sample chunks read and write the tensors themselves
+// instead of copies.
 bool columns_are_input(const ConvGeometry& g) {
   return g.kernel_h == 1 && g.kernel_w == 1 && g.stride == 1 && g.padding == 0;
 }
@@ -60,52 +61,46 @@ ValidRange valid_columns(const ConvGeometry& g, int64_t kw) {
   return {begin, end};
 }
 
-// For samples [first, first + count): cols[k, b*P + oh*OW + ow] = x[first + b, c, oh*s - p + kh,
-// ow*s - p + kw] (0 outside), k = (c, kh, kw). Bounds are resolved per row, so the inner loop is a
-// plain contiguous copy: at stride 1 from the input's row, at stride 2 from the even or odd half of
-// that row, which split_columns puts side by side first.
-// Row k of the column matrix. Geometry by value: OpenMP-outlined loops re-read shared state.
+// Row k of the column matrix (im2col, below). Geometry by value: OpenMP-outlined loops re-read shared state.
 void im2col_row(const ConvGeometry g, const float* x, int64_t first, int64_t count, int64_t k, float* cols,
                 const float* split) {
   const int64_t n = count * g.pixels();
-  {
-    const int64_t c = k / (g.kernel_h * g.kernel_w), kh = (k / g.kernel_w) % g.kernel_h, kw = k % g.kernel_w;
-    const ValidRange valid = valid_columns(g, kw);
-    const int64_t shift = kw - g.padding;  // input column = ow * stride + shift
-    // At stride 2, input column 2 ow + shift is float ow + half_shift of the row's half `phase`.
-    const int64_t half = (g.width + 1) / 2, phase = shift & 1, half_shift = (shift - phase) / 2;
-    float* row = cols + k * n;
-    for (int64_t b = 0; b < count; ++b) {
-      const float* plane = x + ((first + b) * g.channels + c) * g.height * g.width;
-      for (int64_t oh = 0; oh < g.out_h; ++oh) {
-        const int64_t ih = oh * g.stride - g.padding + kh;
-        float* dst = row + b * g.pixels() + oh * g.out_w;
-        if (ih < 0 || ih >= g.height) {
-          std::fill_n(dst, g.out_w, 0.0f);
-          continue;
-        }
-        std::fill_n(dst, valid.begin, 0.0f);
-        if (g.stride == 1) {
-          const float* src = plane + ih * g.width + shift;
-          std::copy(src + valid.begin, src + valid.end, dst + valid.begin);
-        } else if (split) {
-          const float* src =
-              split + ((b * g.channels + c) * g.height + ih) * 2 * half + phase * half + half_shift;
-#pragma omp simd
-          for (int64_t ow = valid.begin; ow < valid.end; ++ow) dst[ow] = src[ow];
-        } else {
-          const float* src = plane + ih * g.width + shift;
-          for (int64_t ow = valid.begin; ow < valid.end; ++ow) dst[ow] = src[ow * g.stride];
-        }
-        std::fill(dst + valid.end, dst + g.out_w, 0.0f);
+  const int64_t c = k / (g.kernel_h * g.kernel_w), kh = (k / g.kernel_w) % g.kernel_h, kw = k % g.kernel_w;
+  const ValidRange valid = valid_columns(g, kw);
+  const int64_t shift = kw - g.padding;  // input column = ow * stride + shift
+  // At stride 2, input column 2 ow + shift is float ow + half_shift of the row's half `phase`.
+  const int64_t half = (g.width + 1) / 2, phase = shift & 1, half_shift = (shift - phase) / 2;
+  float* row = cols + k * n;
+  for (int64_t b = 0; b < count; ++b) {
+    const float* plane = x + ((first + b) * g.channels + c) * g.height * g.width;
+    for (int64_t oh = 0; oh < g.out_h; ++oh) {
+      const int64_t ih = oh * g.stride - g.padding + kh;
+      float* dst = row + b * g.pixels() + oh * g.out_w;
+      if (ih < 0 || ih >= g.height) {
+        std::fill_n(dst, g.out_w, 0.0f);
+        continue;
       }
+      std::fill_n(dst, valid.begin, 0.0f);
+      if (g.stride == 1) {
+        const float* src = plane + ih * g.width + shift;
+        std::copy(src + valid.begin, src + valid.end, dst + valid.begin);
+      } else if (split) {
+        const float* src =
+            split + ((b * g.channels + c) * g.height + ih) * 2 * half + phase * half + half_shift;
+#pragma omp simd
+        for (int64_t ow = valid.begin; ow < valid.end; ++ow) dst[ow] = src[ow];
+      } else {
+        const float* src = plane + ih * g.width + shift;
+        for (int64_t ow = valid.begin; ow < valid.end; ++ow) dst[ow] = src[ow * g.stride];
+      }
+      std::fill(dst + valid.end, dst + g.out_w, 0.0f);
     }
   }
 }
 
 // Samples [first, first + count) of x with each row split into its even columns and then its odd
 // ones, (W + 1) / 2 floats each. A copy at stride 2 stays scalar, about a cycle a float; this way
-// each input float is copied so once, not once per kernel tap that reads it (the 7x7/2 stem's
+// each input float is copied once, not once per kernel tap that reads it (the 7x7/2 stem's
 // column matrix holds 147 floats per output pixel, from 3 input floats per pixel: its forward went
 // from 4.2 to 3.6 ms a step in resnet18 at 64x64, from 22.5 to 18.8 in ResNet-50 at 224x224,
 // its backward from 4.9 to 4.2 and from 27.7 to 24.4; one AMD EPYC core).
@@ -127,6 +122,10 @@ const float* split_columns(const ConvGeometry& g, const float* x, int64_t first,
   return split;
 }
 
+// For samples [first, first + count): cols[k, b*P + oh*OW + ow] = x[first + b, c, oh*s - p + kh,
+// ow*s - p + kw] (0 outside), k = (c, kh, kw). Bounds are resolved per row, so the inner loop is a
+// plain contiguous copy: at stride 1 from the input's row, at stride 2 from the even or odd half of
+// that row, which split_columns puts side by side first.
 void im2col(const ConvGeometry& g, const float* x, int64_t first, int64_t count, float* cols) {
   // Where a row's taps read each input float at most twice (3x3/2, 1x1/2) the split's extra pass did
   // not pay: ResNet-50's 3x3/2 and 1x1/2 layers took 2-3 ms a step longer with it.
@@ -140,31 +139,29 @@ void im2col(const ConvGeometry& g, const float* x, int64_t first, int64_t count,
 void col2im_channel(const ConvGeometry g, const float* gcols, int64_t first, int64_t count, int64_t c,
                     float* gx) {
   const int64_t n = count * g.pixels();
-  {
-    for (int64_t kh = 0; kh < g.kernel_h; ++kh)
-      for (int64_t kw = 0; kw < g.kernel_w; ++kw) {
-        const float* row = gcols + ((c * g.kernel_h + kh) * g.kernel_w + kw) * n;
-        const ValidRange valid = valid_columns(g, kw);
-        const int64_t shift = kw - g.padding;
-        for (int64_t b = 0; b < count; ++b) {
-          float* plane = gx + ((first + b) * g.channels + c) * g.height * g.width;
-          for (int64_t oh = 0; oh < g.out_h; ++oh) {
-            const int64_t ih = oh * g.stride - g.padding + kh;
-            if (ih < 0 || ih >= g.height) continue;
-            const float* src = row + b * g.pixels() + oh * g.out_w;
-            float* dst = plane + ih * g.width + shift;
-            // With g.stride in the index GCC keeps the loop scalar; at stride 1 it vectorises (ResNet-50's
-            // 3x3 layers of 256 channels over 14x14: backward 206 -> 196 ms a step, one AMD EPYC core).
-            if (g.stride == 1) {
+  for (int64_t kh = 0; kh < g.kernel_h; ++kh)
+    for (int64_t kw = 0; kw < g.kernel_w; ++kw) {
+      const float* row = gcols + ((c * g.kernel_h + kh) * g.kernel_w + kw) * n;
+      const ValidRange valid = valid_columns(g, kw);
+      const int64_t shift = kw - g.padding;
+      for (int64_t b = 0; b < count; ++b) {
+        float* plane = gx + ((first + b) * g.channels + c) * g.height * g.width;
+        for (int64_t oh = 0; oh < g.out_h; ++oh) {
+          const int64_t ih = oh * g.stride - g.padding + kh;
+          if (ih < 0 || ih >= g.height) continue;
+          const float* src = row + b * g.pixels() + oh * g.out_w;
+          float* dst = plane + ih * g.width + shift;
+          // With g.stride in the index GCC keeps the loop scalar; at stride 1 it vectorises (ResNet-50's
+          // 3x3 layers of 256 channels over 14x14: backward 206 -> 196 ms a step, one AMD EPYC core).
+          if (g.stride == 1) {
 #pragma omp simd
-              for (int64_t ow = valid.begin; ow < valid.end; ++ow) dst[ow] += src[ow];
-            } else {
-              for (int64_t ow = valid.begin; ow < valid.end; ++ow) dst[ow * g.stride] += src[ow];
-            }
+            for (int64_t ow = valid.begin; ow < valid.end; ++ow) dst[ow] += src[ow];
+          } else {
+            for (int64_t ow = valid.begin; ow < valid.end; ++ow) dst[ow * g.stride] += src[ow];
           }
         }
       }
-  }
+    }
 }
 
 void col2im_add(const ConvGeometry& g, const float* gcols, int64_t first, int64_t count, float* gx) {
@@ -173,8 +170,9 @@ void col2im_add(const ConvGeometry& g, const float* gcols, int64_t first, int64_
 }
 
 // Backward's GEMMs for samples [first, first + count), given their output gradient gy as [O, count*P].
-// gx is added into, except where the product is the input's gradient as it lies and gx.overwrite
-// says to write it: the bits of adding into zeros, as the GEMM's sums start from +0 (never -0).
+// gx is added into, except that a one-sample 1x1 chunk (in_place) writes it where gx.overwrite says
+// to: the bits of adding into zeros, as the GEMM's sums start from +0 (never -0). backward_with
+// leaves overwrite set only where every chunk is such a chunk.
 void chunk_backward(const ConvGeometry& g, const float* gy, const float* x, const float* w, GradientOut gx,
                     float* gw, float* gbias, int64_t first, int64_t count, float* cols, float* gcols) {
   const int64_t K = g.patch(), O = g.out_channels, n = count * g.pixels();
@@ -250,9 +248,10 @@ void planes_to_rows(const float* go, const float* y, int64_t O, int64_t P, const
     for (int64_t p = 0; p < P; ++p) to[offset_of[p] + o] = value(o * P + p);
 }
 
-// The input gradient for kernels that add into it: one to be written starts from zeros. (A 1x1
-// convolution's input gradient in place is written by its GEMM instead: there the zeros were a
-// tensor's worth of stores, and the GEMM's loads of them, beside products of short depth.)
+// The input gradient for kernels that add into it: one to be written starts from zeros.
+// backward_with skips this where the GEMM writes the gradient itself (one-sample 1x1 chunks): there
+// the zeros' stores, and the GEMM's reloading of them, are memory traffic that short products do not
+// hide.
 float* adding_into(GradientOut gx, const Conv2dGeometry& g) {
   if (gx.overwrite)
     std::memset(gx.data, 0,
@@ -274,10 +273,9 @@ void backward_with(const ConvGeometry& g, const float* x, const float* w, Gradie
   if (direct_conv::applies_backward(g))
     return direct_conv::backward(g, x, w, adding_into(gx, g), gw, gbias, write_output_gradient);
   const int64_t P = g.pixels(), O = g.out_channels, chunk = chunk_samples(g, bool(gx));
-  const bool gemm_writes_gx = chunk == 1 && columns_are_input(g);  // chunk_backward's in-place case
-  if (!gemm_writes_gx) gx = adding_into(gx, g);
   const bool gradient_in_place = output_gradient != nullptr && chunk == 1;
   ChunkBuffers buffers(g, chunk, bool(gx), gradient_in_place);
+  if (!buffers.columns_in_place) gx = GradientOut{adding_into(gx, g)};  // zeroed: added into from here on
   for (int64_t first = 0; first < g.batch; first += chunk) {
     const int64_t count = std::min(chunk, g.batch - first), n = count * P;
     const float* gy = gradient_in_place ? output_gradient + first * O * P : nullptr;
