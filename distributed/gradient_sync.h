@@ -2,7 +2,7 @@
 // fixed points and never asks which strategy runs (PyTorch DDP's communication hooks, flashlight's
 // Reducer):
 //   begin_step -> for each of this rank's micro-batches: before_backward, backward, after_backward
-//     -> finish_step (the gradients now hold the average) -> optimizer -> after_update
+//     -> finish_step (the gradients now hold the average) -> clipping -> optimizer -> after_update
 // Strategies are registered by name (distributed/gradient_sync.cpp, one line each) and made by
 // make_gradient_sync: the bucketed overlapped allreduce with a wire encoding ("allreduce"),
 // PowerSGD ("powersgd"), the exact fixed-point sum of distributed.deterministic ("exact_sum"), and

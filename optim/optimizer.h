@@ -55,7 +55,8 @@ class Optimizer {
   std::vector<NamedTensor> named_state(const std::vector<Tensor>& whole) const;
 
  protected:
-  // Applies update number steps_taken() (already counted) to every parameter.
+  // Applies update number steps_taken() (already counted) to every range of pieces() (this rank's
+  // own ranges when sharded), each gradient multiplied by grad_scale as it is read.
   virtual void update(float lr, float grad_scale) = 0;
   // Called from subclass constructors: a zero buffer per slot.
   void add_slot(const std::string& slot);

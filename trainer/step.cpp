@@ -28,11 +28,11 @@ void Trainer::train_step(int64_t epoch, int64_t step, StepTotals& totals) {
     Phase phase(totals.communication, "broadcast of buffers");
     broadcast_buffers_from_rank0();
   }
-  const int64_t micro_batches = static_cast<int64_t>(plan.micro_batches.size());
+  const int64_t micro_batch_count = static_cast<int64_t>(plan.micro_batches.size());
   gradient_sync_->begin_step({.step = position_.global_step,
-                              .micro_batches = micro_batches,
+                              .micro_batches = micro_batch_count,
                               .global_micro_batches = plan.global_micro_batches});
-  for (int64_t i = 0; i < micro_batches; ++i) {
+  for (int64_t i = 0; i < micro_batch_count; ++i) {
     const MicroBatch& micro_batch = plan.micro_batches[static_cast<std::size_t>(i)];
     {
       Phase phase(totals.data, "data");
@@ -57,15 +57,12 @@ void Trainer::train_step(int64_t epoch, int64_t step, StepTotals& totals) {
     Phase phase(totals.communication, "finish gradient averaging");
     gradient_sync_->finish_step();
   }
-  if (world_.size() > 1) totals.payload_bytes += gradient_sync_->payload_bytes(position_.global_step);
-  // What the sync did from inside backward's hooks (compression, the last bucket) is communication.
-  const double in_backward = gradient_sync_->take_seconds_in_backward();
-  totals.backward -= in_backward;
-  totals.communication += in_backward;
   float grad_scale = 1.0f;
   if (config_.optimizer.max_grad_norm > 0) {
     Phase phase(totals.optimizer, "gradient clipping");
-    grad_scale = clip_factor(totals.clipping);
+    const double norm = averaged_gradient_norm();
+    grad_scale = optim::clip_factor(norm, config_.optimizer.max_grad_norm);
+    totals.clipping.add(norm, grad_scale < 1.0f);
   }
   {
     Phase phase(totals.optimizer, "optimizer");
@@ -76,6 +73,12 @@ void Trainer::train_step(int64_t epoch, int64_t step, StepTotals& totals) {
     Phase phase(totals.communication, "all-gather of parameters");
     gradient_sync_->after_update();
   }
+  // Bookkeeping, before the step count moves on (a payload can depend on the step: PowerSGD's).
+  if (world_.size() > 1) totals.payload_bytes += gradient_sync_->payload_bytes(position_.global_step);
+  // What the sync did from inside backward's hooks (compression, the last bucket) is communication.
+  const double in_backward = gradient_sync_->take_seconds_in_backward();
+  totals.backward -= in_backward;
+  totals.communication += in_backward;
   position_.samples_seen += plan.samples_after - plan.samples_before;
   position_.epoch_samples_done = plan.samples_after;
   position_.optimizer_steps = optimizer_->steps_taken();
@@ -83,11 +86,10 @@ void Trainer::train_step(int64_t epoch, int64_t step, StepTotals& totals) {
   ++totals.steps;
 }
 
-// What clips the averaged gradients' global norm to optimizer.max_grad_norm (the optimizer multiplies
-// each gradient by it as it reads it). A sharded optimizer's rank holds the average only in its chunks
-// (and the tails, which every rank holds): each rank sums its chunks, rank 0 the tails too, and the
-// ranks add their sums.
-float Trainer::clip_factor(ClippingStats& clipping) {
+// The global L2 norm of the averaged gradients, which optimizer.max_grad_norm clips. A sharded
+// optimizer's rank holds the average only in its chunks (and the tails, which every rank holds): each
+// rank sums its chunks, rank 0 the tails too, and the ranks add their sums.
+double Trainer::averaged_gradient_norm() {
   const distributed::ShardLayout* shard = gradient_sync_->optimizer_shard();
   double norm = 0;
   if (shard == nullptr) {
@@ -105,9 +107,7 @@ float Trainer::clip_factor(ClippingStats& clipping) {
                          std::to_string(position_.global_step));
     norm = std::sqrt(squares);
   }
-  const float factor = optim::clip_factor(norm, config_.optimizer.max_grad_norm);
-  clipping.add(norm, factor < 1.0f);
-  return factor;
+  return norm;
 }
 
 // Step `step` of the current epoch on this rank. In deterministic mode each micro-batch has the same

@@ -84,9 +84,7 @@ class Trainer {
   StopRequests agree_on_stop() const;
   void write_stop_note(const std::string& why) const;
   void train_step(int64_t epoch, int64_t step, StepTotals& totals);
-  // The factor that brings the averaged gradients to a global norm of at most
-  // optimizer.max_grad_norm (1 where they are within it); counts the step in `clipping`.
-  float clip_factor(ClippingStats& clipping);
+  double averaged_gradient_norm();  // global L2, every rank the same; collective when sharded
   const StepPlan& plan_step(int64_t step);
   std::vector<std::span<const int64_t>> micro_batches_of(std::span<const int64_t> batch) const;
   Tensor loss_of(const Tensor& output) const;  // model.loss on the current batch
