@@ -32,7 +32,7 @@ class AllreduceSync : public GradientSync {
   const ShardLayout* optimizer_shard() const override { return reducer_.shard_layout(); }
   void after_update() override { reducer_.gather_parameters(); }
 
-  double take_seconds_in_backward() override { return reducer_.take_times().in_backward_s; }
+  double take_seconds_in_backward() override { return reducer_.take_seconds_in_backward(); }
   int64_t payload_bytes(int64_t /*step*/) const override { return payload_bytes_; }
   std::vector<int64_t> bucket_bytes() const override { return reducer_.bucket_bytes(); }
   std::string describe() const override {

@@ -34,7 +34,7 @@ class PowerSgdSync : public GradientSync {
   }
   void finish_step() override { compressed_ ? powersgd_.reduce(step_) : plain_.finish(); }
 
-  double take_seconds_in_backward() override { return plain_.take_times().in_backward_s; }
+  double take_seconds_in_backward() override { return plain_.take_seconds_in_backward(); }
   int64_t payload_bytes(int64_t step) const override {
     return static_cast<int64_t>(sizeof(float)) *
            (powersgd_.compresses(step) ? powersgd_.payload_elements() : parameters_.size());

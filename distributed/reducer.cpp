@@ -151,7 +151,7 @@ void GradientReducer::on_gradient_ready(std::size_t parameter) {
     const bool last = next_launch_ + 1 == buckets_.size();
     launch(next_launch_++, /*async=*/!last);
   }
-  times_.in_backward_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  seconds_in_backward_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 void GradientReducer::launch(std::size_t b, bool async) {
@@ -244,7 +244,6 @@ void GradientReducer::agree_on_finite(const std::string& culprit) {
 }
 
 void GradientReducer::finish() {
-  const auto start = std::chrono::steady_clock::now();
   armed_ = false;
   std::string culprit;  // the first non-finite average this rank found
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
@@ -296,7 +295,6 @@ void GradientReducer::finish() {
   // The next step may skip prepare() (no overlap): nothing counts as launched then.
   std::fill(launched_.begin(), launched_.end(), false);
   std::fill(tested_in_sum_.begin(), tested_in_sum_.end(), false);
-  times_.finish_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 }  // namespace dptrain::distributed

@@ -44,13 +44,6 @@ struct ReducerOptions {
   bool shard = false;
 };
 
-// Time the calling thread spent in the reducer since the last take_times(): communication and
-// averaging that did not overlap with compute.
-struct ReducerTimes {
-  double in_backward_s = 0;  // compressing and reducing buckets from inside backward's hooks
-  double finish_s = 0;       // finish(): waiting, the rest of the buckets, decompression, checks
-};
-
 struct Bucket {
   std::vector<std::size_t> parameters;  // indices into the parameter list, in backward order
   int64_t offset = 0;                   // first element in the flat gradient buffer
@@ -89,7 +82,10 @@ class GradientReducer {
   std::vector<int64_t> bucket_bytes() const;  // of the fp32 gradients, in launch order
   // "3 bucket(s), fusion threshold 4 MiB, overlap on": for the run's summary.
   std::string describe() const;
-  ReducerTimes take_times() { return std::exchange(times_, {}); }
+  // Seconds the calling thread spent compressing and reducing buckets from inside backward's hooks
+  // since the last call: communication that did not overlap with compute. (finish() is timed by
+  // its caller.)
+  double take_seconds_in_backward() { return std::exchange(seconds_in_backward_, 0.0); }
 
  private:
   void on_gradient_ready(std::size_t parameter);
@@ -126,7 +122,7 @@ class GradientReducer {
   std::size_t next_launch_ = 0;
   bool armed_ = false;
   int64_t step_ = 0;
-  ReducerTimes times_;
+  double seconds_in_backward_ = 0;
   std::vector<GradHook> hooks_;  // last: removed before anything they call is destroyed
 };
 

@@ -15,7 +15,7 @@ BenchmarkResult Trainer::benchmark(const BenchmarkOptions& options) {
     if (step == steps) {
       sampler_.set_epoch(epoch);
       start_loading(epoch++);
-      steps = (sampler_.steps_per_epoch() + batches_per_step_ - 1) / batches_per_step_;
+      steps = optimizer_steps_per_epoch();
       step = 0;
     }
     train_step(epoch, step++, totals);

@@ -350,7 +350,7 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
   sampler_.set_epoch(epoch - 1, first_sample);
   start_loading(epoch - 1);
   model_->set_training(true);
-  const int64_t steps = (sampler_.steps_per_epoch() + batches_per_step_ - 1) / batches_per_step_;
+  const int64_t steps = optimizer_steps_per_epoch();
   progress_.begin_epoch(epoch, config_.training.epochs, steps);
   StepTotals totals;
   const auto start = Clock::now();
@@ -512,6 +512,12 @@ int64_t Trainer::global_batch() const {
   return config_.data.batch_size * world_.size() * config_.distributed.backward_passes_per_step;
 }
 
+// A last group of fewer than batches_per_step_ batches is a step of its own (plan_step takes what is
+// left), as the sampler's short last batch is.
+int64_t Trainer::optimizer_steps_per_epoch() const {
+  return (sampler_.steps_per_epoch() + batches_per_step_ - 1) / batches_per_step_;
+}
+
 RunSummary Trainer::summary() const {
   return {.ranks = world_.size(),
           .hosts = world_.hosts(),
@@ -523,7 +529,7 @@ RunSummary Trainer::summary() const {
           .train_samples = train_set_->size(),
           .test_samples = test_set_->size(),
           .global_batch = global_batch(),
-          .steps_per_epoch = (sampler_.steps_per_epoch() + batches_per_step_ - 1) / batches_per_step_,
+          .steps_per_epoch = optimizer_steps_per_epoch(),
           .loader = describe_loader(config_, *train_loader_),
           .gradient_sync = gradient_sync_->describe(),
           .scaled_lr = schedule_->scaled_lr(),

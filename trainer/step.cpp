@@ -18,8 +18,8 @@
 
 namespace dptrain::trainer {
 
-void Trainer::train_step(int64_t epoch, int64_t step, StepTotals& totals) {
-  const StepPlan& plan = plan_step(step);
+void Trainer::train_step(int64_t epoch, int64_t step_in_epoch, StepTotals& totals) {
+  const StepPlan& plan = plan_step(step_in_epoch);
   // The schedule runs on samples, not steps, so a resume on another world size keeps its place.
   lr_ = schedule_->at(static_cast<double>(epoch - 1) +
                       static_cast<double>(plan.samples_before) / sampler_.dataset_size());
@@ -110,32 +110,32 @@ double Trainer::averaged_gradient_norm() {
   return norm;
 }
 
-// Step `step` of the current epoch on this rank. In deterministic mode each micro-batch has the same
+// Step `step_in_epoch` of the current epoch on this rank. In deterministic mode each micro-batch has the same
 // shapes and kernels whichever rank runs it, and its dropout masks follow its place in the step's
 // global order, so with the exact sum the update has the same bits for any number of ranks.
-const Trainer::StepPlan& Trainer::plan_step(int64_t step) {
+const Trainer::StepPlan& Trainer::plan_step(int64_t step_in_epoch) {
   StepPlan& plan = plan_;
   plan.micro_batches.clear();
   if (!deterministic_) {
-    const int64_t first = step * batches_per_step_;
+    const int64_t first = step_in_epoch * batches_per_step_;
     const int64_t passes = std::min(batches_per_step_, sampler_.steps_per_epoch() - first);
     const float scale = 1.0f / static_cast<float>(passes * gradient_sync_->ranks_in_average());
     for (int64_t pass = 0; pass < passes; ++pass)
-      plan.micro_batches.push_back({sampler_.batch_indices(first + pass), scale, dropout_stream(pass)});
+      plan.micro_batches.push_back({sampler_.batch_indices(first + pass), scale, dropout_seed_of_pass(pass)});
     plan.global_micro_batches = passes * world_.size();
     plan.samples_before = sampler_.samples_before(first);
     plan.samples_after = sampler_.samples_before(first + passes);
     return plan;
   }
-  plan.samples_before = sampler_.samples_before(step);
-  plan.samples_after = sampler_.samples_before(step + 1);
+  plan.samples_before = sampler_.samples_before(step_in_epoch);
+  plan.samples_after = sampler_.samples_before(step_in_epoch + 1);
   const double step_samples = static_cast<double>(plan.samples_after - plan.samples_before);
   int64_t i = 0;
-  for (const std::span<const int64_t> indices : micro_batches_of(sampler_.batch_indices(step)))
-    plan.micro_batches.push_back({indices,
-                                  static_cast<float>(static_cast<double>(indices.size()) / step_samples),
-                                  dropout_stream_of_micro_batch(sampler_.first_micro_batch(step) + i++)});
-  plan.global_micro_batches = sampler_.micro_batches(step);
+  for (const std::span<const int64_t> indices : micro_batches_of(sampler_.batch_indices(step_in_epoch)))
+    plan.micro_batches.push_back(
+        {indices, static_cast<float>(static_cast<double>(indices.size()) / step_samples),
+         dropout_seed_of_micro_batch(sampler_.first_micro_batch(step_in_epoch) + i++)});
+  plan.global_micro_batches = sampler_.micro_batches(step_in_epoch);
   return plan;
 }
 
@@ -163,7 +163,7 @@ void Trainer::start_loading(int64_t sampler_epoch) {
 }
 
 // Dropout masks follow from (seed, rank, step, pass): a resumed run draws the same ones.
-uint64_t Trainer::dropout_stream(int64_t pass) const {
+uint64_t Trainer::dropout_seed_of_pass(int64_t pass) const {
   return derive_seed(config_.seed, "dropout/rank" + std::to_string(world_.rank()) + "/step" +
                                        std::to_string(position_.global_step) + "/pass" +
                                        std::to_string(pass));
@@ -171,9 +171,9 @@ uint64_t Trainer::dropout_stream(int64_t pass) const {
 
 // In deterministic mode the masks follow the micro-batch (its place in the step's global order),
 // not the rank that runs it.
-uint64_t Trainer::dropout_stream_of_micro_batch(int64_t micro_batch) const {
+uint64_t Trainer::dropout_seed_of_micro_batch(int64_t global_micro_batch) const {
   return derive_seed(config_.seed, "dropout/step" + std::to_string(position_.global_step) + "/micro" +
-                                       std::to_string(micro_batch));
+                                       std::to_string(global_micro_batch));
 }
 
 Tensor Trainer::loss_of(const Tensor& output) const {

@@ -83,9 +83,9 @@ class Trainer {
   // Whether any rank received a stop signal, agreed by all after each step.
   StopRequests agree_on_stop() const;
   void write_stop_note(const std::string& why) const;
-  void train_step(int64_t epoch, int64_t step, StepTotals& totals);
+  void train_step(int64_t epoch, int64_t step_in_epoch, StepTotals& totals);
   double averaged_gradient_norm();  // global L2, every rank the same; collective when sharded
-  const StepPlan& plan_step(int64_t step);
+  const StepPlan& plan_step(int64_t step_in_epoch);
   std::vector<std::span<const int64_t>> micro_batches_of(std::span<const int64_t> batch) const;
   Tensor loss_of(const Tensor& output) const;  // model.loss on the current batch
   // The loss and correct predictions of a forward pass, bound for `totals` (StepMetrics: read at the
@@ -113,12 +113,13 @@ class Trainer {
   std::vector<NamedTensor> optimizer_state_whole();
   bool step_limit_reached() const;
   StepTimes mean_step_times(const StepTotals& totals, double wall_seconds);
-  uint64_t dropout_stream(int64_t pass) const;
-  uint64_t dropout_stream_of_micro_batch(int64_t micro_batch) const;
+  uint64_t dropout_seed_of_pass(int64_t pass) const;
+  uint64_t dropout_seed_of_micro_batch(int64_t global_micro_batch) const;
   void check_deterministic_resume(const Checkpoint& checkpoint) const;
   void check_classes(const Checkpoint& checkpoint) const;
-  Json deterministic_metadata() const;  // what a checkpoint records of distributed.deterministic
-  int64_t global_batch() const;         // samples per optimizer step, all ranks (full steps)
+  Json deterministic_metadata() const;        // what a checkpoint records of distributed.deterministic
+  int64_t global_batch() const;               // samples per optimizer step, all ranks (full steps)
+  int64_t optimizer_steps_per_epoch() const;  // the sampler's batches, batches_per_step_ to a step
   RunSummary summary() const;
 
   const Config& config_;
