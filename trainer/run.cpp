@@ -379,12 +379,16 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
     position_.epochs_completed = epoch;
     position_.epoch_samples_done = 0;
   }
+  return allreduce_epoch_metrics(epoch, totals, first_sample, seconds_since(start), step < steps);
+}
 
+EpochMetrics Trainer::allreduce_epoch_metrics(int64_t epoch, const StepTotals& totals, int64_t first_sample,
+                                              double epoch_seconds, bool stopped_early) {
   EpochMetrics m;
   m.epoch = epoch;
   m.step = position_.global_step;
   m.lr = lr_;
-  m.epoch_seconds = seconds_since(start);
+  m.epoch_seconds = epoch_seconds;
   m.first_sample = first_sample;
   m.step_times = mean_step_times(totals, m.epoch_seconds);
   // Weighted by sample counts: ranks may hold different batch sizes in an epoch's last step.
@@ -397,7 +401,7 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
   m.train_accuracy = static_cast<double>(counts[0]) / std::max(samples, 1.0);
   m.samples_per_sec = samples / m.epoch_seconds;
   m.samples_per_sec_per_rank = m.samples_per_sec / world_.size();
-  m.stopped_early = step < steps;
+  m.stopped_early = stopped_early;
   m.optimizer_state_bytes = optimizer_->state_bytes();
   if (config_.optimizer.max_grad_norm > 0) m.clipping = totals.clipping;
   // Before this epoch's checkpoint: what training itself needs (a checkpoint of a sharded optimizer

@@ -80,6 +80,9 @@ class Trainer {
   };
 
   EpochMetrics train_epoch(int64_t epoch);
+  // The epoch's metrics, summed (or, for memory, the largest) over all ranks: a collective.
+  EpochMetrics allreduce_epoch_metrics(int64_t epoch, const StepTotals& totals, int64_t first_sample,
+                                       double epoch_seconds, bool stopped_early);
   // Whether any rank received a stop signal, agreed by all after each step.
   StopRequests agree_on_stop() const;
   void write_stop_note(const std::string& why) const;
