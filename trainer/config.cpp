@@ -495,6 +495,19 @@ Json read_json_file(const std::string& path) {
   }
 }
 
+Json read_config(const std::string& path, const std::vector<std::string>& assignments) {
+  Json json = read_json_file(path);
+  for (const std::string& assignment : assignments) apply_override(json, assignment);
+  try {
+    parse_config(json);
+  } catch (const Error& e) {
+    std::string source = path;
+    for (const std::string& assignment : assignments) source += " --set " + assignment;
+    throw Error(source + ": " + e.what());
+  }
+  return json;
+}
+
 void apply_override(Json& config, const std::string& assignment) {
   const auto eq = assignment.find('=');
   DPTRAIN_CHECK(eq != std::string::npos && eq > 0, "bad --set '", assignment, "': expected key.path=VALUE");

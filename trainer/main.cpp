@@ -74,10 +74,7 @@ int main(int argc, char** argv) {
     // Rank 0 reads, overrides and validates; every rank then parses rank 0's document.
     std::string document;
     if (world.is_root()) {
-      Json json = trainer::read_json_file(config_path);
-      for (const std::string& assignment : overrides) trainer::apply_override(json, assignment);
-      trainer::parse_config(json);
-      document = json.dump();
+      document = trainer::read_config(config_path, overrides).dump();
     }
     const trainer::Config config = trainer::parse_config(Json::parse(world.broadcast_from_root(document)));
     if (print_config) {

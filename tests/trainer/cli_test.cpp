@@ -87,9 +87,23 @@ TEST(TrainerCli, MalformedSet) {
   expect_one_line_error("--config configs/mnist.json --set 'x={'", {"x={", "not JSON"});
 }
 
+// A config error names the file and the --set assignments that the key came from.
 TEST(TrainerCli, OutOfRangeFromSet) {
-  expect_one_line_error("--config configs/mnist.json --set data.batch_size=0",
-                        {"data.batch_size", "out of range"});
+  expect_one_line_error("--config configs/mnist.json --set training.epochs=2 --set data.batch_size=0",
+                        {"configs/mnist.json --set training.epochs=2 --set data.batch_size=0: config key "
+                         "data.batch_size",
+                         "out of range"});
+}
+
+TEST(TrainerCli, OutOfRangeInTheFile) {
+  const std::filesystem::path dir = dptrain::test_util::make_temp_dir("cli_config");
+  const std::string path = (dir / "bad.json").string();
+  nlohmann::json config =
+      nlohmann::json::parse(slurp(std::string(DPTRAIN_SOURCE_DIR) + "/configs/mnist.json"));
+  config["optimizer"]["lr"] = -1;
+  std::ofstream(path) << config.dump();
+  expect_one_line_error("--config '" + path + "'", {path + ": config key optimizer.lr = -1", "out of range"});
+  std::filesystem::remove_all(dir);
 }
 
 TEST(TrainerCli, PrintConfigPrintsResolvedJson) {
