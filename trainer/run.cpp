@@ -126,8 +126,9 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const OptimizerConfig& o, const
 }
 
 // The data set against the model and the world: what the config alone could not check.
-void check_data_fits(const Config& c, const data::Dataset& train, const data::Dataset& test,
-                     const data::ShardedSampler& sampler, const distributed::World& world) {
+void check_data_fits(const Config& c, const layers::Module& model, const data::Dataset& train,
+                     const data::Dataset& test, const data::ShardedSampler& sampler,
+                     const distributed::World& world) {
   const std::string& dataset = c.data.dataset;
   DPTRAIN_CHECK(c.model.input_shape == train.sample_shape(),
                 "config key model.input_shape = ", shape_str(c.model.input_shape),
@@ -143,6 +144,15 @@ void check_data_fits(const Config& c, const data::Dataset& train, const data::Da
       c.model.loss == LossKind::kCrossEntropy || regression,
       "model.loss \"mse\" needs a regression dataset (data.dataset \"linear\"); use \"cross_entropy\" for "
       "classes");
+  // At set-up, naming what to change: the loss's own check fires only when a batch first holds such a
+  // label, which may be many steps into a run.
+  const Shape outputs = model.output_shape(c.model.input_shape);
+  DPTRAIN_CHECK(regression || outputs.size() != 1 || outputs[0] >= train.num_classes(), "the model has ",
+                outputs[0], " outputs and data.dataset \"", dataset, "\" has ", train.num_classes(),
+                " classes; ",
+                c.model.architecture.empty() ? "give its last dense layer out_features "
+                                             : "set config key model.num_classes to ",
+                train.num_classes());
   DPTRAIN_CHECK(sampler.steps_per_epoch() > 0, "data.batch_size ", c.data.batch_size, " x ", world.size(),
                 " ranks is larger than the ", train.size(), " training samples with data.drop_last");
   DPTRAIN_CHECK(train.size() >= world.size(), "only ", train.size(), " training samples for ", world.size(),
@@ -226,7 +236,7 @@ Trainer::Trainer(const Config& config, const distributed::World& world)
       progress_(world.is_root(), config.training.progress, config.training.log_every_steps),
       fault_(InjectedFault::from_environment()),
       checkpoints_(config.checkpoint, world.rank(), fault_) {
-  check_data_fits(config, *train_set_, *test_set_, sampler_, world);
+  check_data_fits(config, *model_, *train_set_, *test_set_, sampler_, world);
   train_loader_ = std::make_unique<data::BatchLoader>(
       *train_set_, loader_options(config, *train_set_, world, device_, true));
   test_loader_ = std::make_unique<data::BatchLoader>(

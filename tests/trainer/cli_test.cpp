@@ -188,6 +188,15 @@ TEST_F(TrainerCliData, ImageAndLabelCountsDiffer) {
   expect_one_line_error(args(), {"t10k", "3"});
 }
 
+// Caught at set-up: the tiny data's labels are all 0, which the loss's own check would let pass.
+TEST_F(TrainerCliData, FewerOutputsThanClasses) {
+  expect_one_line_error(
+      args() +
+          " --set 'model.layers=[{\"type\": \"flatten\"}, {\"type\": \"dense\", "
+          "\"out_features\": 5}]'",
+      {"the model has 5 outputs and data.dataset \"mnist\" has 10 classes", "out_features 10"});
+}
+
 TEST_F(TrainerCliData, WrongImageSizeForTheModel) {
   write_idx("train-images-idx3-ubyte", 0x0803, {4, 14, 14});
   write_idx("t10k-images-idx3-ubyte", 0x0803, {2, 14, 14});
