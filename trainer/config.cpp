@@ -470,7 +470,8 @@ command line; `--print-config` prints the resolved config, every default filled 
 wrong types and values outside "Allowed" are errors naming the key.
 
 "Applies when": a key given where its condition fails is an error, unless marked "ignored
-otherwise"; either way the resolved config leaves it out there.
+otherwise": such a key is still checked against its range, then ignored. Either way the resolved
+config leaves it out there.
 )";
 
 }  // namespace

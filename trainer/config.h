@@ -153,7 +153,7 @@ struct CheckpointConfig {
 struct Config {
   uint64_t seed{};
   std::string output_dir{};
-  int threads{};  // 0: all cores
+  int threads{};  // 0: SLURM_CPUS_PER_TASK, else the host's cores / its ranks (trainer/threads.cpp)
   DeviceKind device{};
   CudaConfig cuda;
   DataConfig data;
