@@ -145,6 +145,13 @@ const Check<Shape> kShape{"non-empty; every dimension > 0", [](const Shape& shap
                               if (d <= 0) return ": dimensions must be > 0";
                             return "";
                           }};
+// -1 (the default: by backend), or seconds; a value between them has no meaning.
+const Check<double> kStallAbort{"-1, or [0, 1e9]", [](const double& v) {
+                                  std::ostringstream s;
+                                  if (v != kStallAbortAuto && !(v >= 0 && v <= 1e9))
+                                    s << " = " << v << " must be -1 (by backend) or seconds in [0, 1e9]";
+                                  return s.str();
+                                }};
 const Check<std::vector<double>> kBetas{"two numbers in [0, 1)", [](const std::vector<double>& b) {
                                           const bool ok =
                                               b.size() == 2 && b[0] >= 0 && b[0] < 1 && b[1] >= 0 && b[1] < 1;
@@ -329,7 +336,7 @@ void declare_distributed(SectionBuilder<Config, DistributedConfig> d) {
           "Compress a tensor only if its factors are this many times smaller.");
   d.field("stall_warning_s", &D::stall_warning_s, 60.0, Range{0.0, 1e9},
           "Warn about a collective this late; 0: off.");
-  d.field("stall_abort_s", &D::stall_abort_s, kStallAbortAuto, Range{kStallAbortAuto, 1e9},
+  d.field("stall_abort_s", &D::stall_abort_s, kStallAbortAuto, kStallAbort,
           "Abort on a collective this late; 0: never; -1: 600 s under NCCL (PyTorch's timeout), never "
           "under MPI.");
   d.field("timeline", &D::timeline, "", Any{},

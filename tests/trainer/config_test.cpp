@@ -107,9 +107,13 @@ TEST(ParseConfig, StallAbortDefaultsByBackend) {
     EXPECT_DOUBLE_EQ(stall_abort_seconds(d.distributed, true), set);
     EXPECT_DOUBLE_EQ(stall_abort_seconds(d.distributed, false), set);
   }
-  expect_config_error(Json::parse(R"({"model": {"input_shape": [4], "layers": [{"type": "relu"}]},
-                                      "distributed": {"stall_abort_s": -2}})"),
-                      {"distributed.stall_abort_s"});
+  // Only -1 means "by backend": a value between it and 0 (once read as "never") is an error.
+  for (const char* bad : {"-2", "-0.5", "2e9"})
+    expect_config_error(
+        Json::parse(std::string(R"({"model": {"input_shape": [4], "layers": [{"type": "relu"}]},
+                                                    "distributed": {"stall_abort_s": )") +
+                    bad + "}}"),
+        {"distributed.stall_abort_s", "must be -1 (by backend) or seconds in [0, 1e9]"});
 }
 
 TEST(ParseConfig, ResolvedConfigRoundTrips) {
