@@ -788,6 +788,8 @@ TEST(Gradients, WrittenOnesIgnoreWhatTheBufferHeld) {
       {"conv 1x1/1, in place, written by its GEMM", {2, 64, 32, 32, 200, 1, 1, 32, 32, 1, 0, false}},
       {"conv 1x1/1, a chunk of three samples", {3, 16, 4, 4, 8, 1, 1, 4, 4, 1, 0, false}},
       {"conv 3x3/1 over 2x2, per-tap GEMMs", {3, 16, 2, 2, 24, 3, 3, 2, 2, 1, 1, true}},
+      // every other row and column of the input is read by no tap: its gradient is 0, not left as found
+      {"conv 1x1/2, inputs no tap reads", {2, 4, 8, 8, 4, 1, 1, 4, 4, 2, 0, false}},
   };
   for (const Device device : devices) {
     Backend& backend = backend_for(device);
@@ -802,18 +804,27 @@ TEST(Gradients, WrittenOnesIgnoreWhatTheBufferHeld) {
                                 g);
       });
     }
-    // conv -> ReLU -> max pooling 2/2, fused: its backward's input gradient.
-    const ConvPoolGeometry pooling{{2, 3, 8, 8, 4, 3, 3, 8, 8, 1, 1, true}, {2 * 4, 8, 8, 4, 4, 2, 2, 0}};
-    const Tensor pool_x = on(device, {2, 3, 8, 8}), pool_w = on(device, {4, 3, 3, 3});
-    const Tensor pooled = Tensor::empty({2, 4, 4, 4}, device), pool_gy = on(device, {2, 4, 4, 4});
-    const StoragePtr argmax = make_storage(sizeof(int32_t) * 2 * 4 * 4 * 4, device);
-    backend.conv2d_relu_maxpool(pool_x.data_ptr(), pool_w.data_ptr(), nullptr, pooled.data_ptr(),
-                                argmax->as<int32_t>(), pooling);
-    check_written(device, "conv 3x3/1 + ReLU + max-pool 2/2", pool_x.numel(), [&](GradientOut gx) {
-      backend.conv2d_relu_maxpool_backward(pool_gy.data_ptr(), argmax->as<int32_t>(), pooled.data_ptr(),
-                                           pool_x.data_ptr(), pool_w.data_ptr(), gx, nullptr, nullptr,
-                                           pooling);
-    });
+    // conv -> ReLU -> max pooling 2/2, fused: its backward's input gradient. Over 7x7 no window
+    // reaches the conv output's last row and column, whose gradient must be 0 in what the conv reads.
+    for (const int64_t side : {8, 7}) {
+      const int64_t pooled_side = side / 2;
+      const ConvPoolGeometry pooling{{2, 3, side, side, 4, 3, 3, side, side, 1, 1, true},
+                                     {2 * 4, side, side, pooled_side, pooled_side, 2, 2, 0}};
+      const Tensor pool_x = on(device, {2, 3, side, side}), pool_w = on(device, {4, 3, 3, 3});
+      const Shape pooled_shape{2, 4, pooled_side, pooled_side};
+      const Tensor pooled = Tensor::empty(pooled_shape, device), pool_gy = on(device, pooled_shape);
+      const StoragePtr argmax = make_storage(sizeof(int32_t) * pooled.numel(), device);
+      backend.conv2d_relu_maxpool(pool_x.data_ptr(), pool_w.data_ptr(), nullptr, pooled.data_ptr(),
+                                  argmax->as<int32_t>(), pooling);
+      check_written(
+          device,
+          "conv 3x3/1 + ReLU + max-pool 2/2 over " + std::to_string(side) + "x" + std::to_string(side),
+          pool_x.numel(), [&](GradientOut gx) {
+            backend.conv2d_relu_maxpool_backward(pool_gy.data_ptr(), argmax->as<int32_t>(), pooled.data_ptr(),
+                                                 pool_x.data_ptr(), pool_w.data_ptr(), gx, nullptr, nullptr,
+                                                 pooling);
+          });
+    }
     const BatchNormShape s{4, 3, 35};
     const Tensor x = on(device, {4, 3, 5, 7}), gy = on(device, x.shape()), relu_y = on(device, x.shape());
     const Tensor gamma = on(device, {3});
