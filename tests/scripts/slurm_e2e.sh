@@ -160,6 +160,16 @@ case_time_limit() {
     scancel "$JOB"
     [ $attempt = 2 ] && fail "time_limit: twice the job did not start within 2.5 s of its submission"
   done
+  # Requeued, the job keeps its one-minute limit, whose warning every check sends: the resumed run
+  # would have to finish its 1,000-1,400 steps before the next check, 30 s after the first. Beside
+  # other tests (20.6 ms a step) it did not, and was stopped again (Restarts=2). A real limit is hours
+  # long; here the requeued job gets ten minutes, which no check comes within.
+  local deadline=$((SECONDS + 60))
+  until [ "$(job_field "$JOB" Restarts)" -ge 1 ] 2>/dev/null; do
+    [ $SECONDS -ge $deadline ] && fail "time_limit: job $JOB was not requeued within 60 s of the warning"
+    sleep 0.1
+  done
+  scontrol update JobId="$JOB" TimeLimit=10 || fail "time_limit: scontrol update JobId=$JOB TimeLimit=10 failed"
   finished_after_requeue time_limit SIGUSR1 reference_long
   grep -m1 "^JobId=$JOB .*JobState=PENDING" "$CLUSTER_DIR/log/jobcomp.txt" >/dev/null ||
     fail "time_limit: the job completion log has no requeue record for job $JOB"
