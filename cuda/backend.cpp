@@ -122,8 +122,22 @@ void* CudaBackend::allocate(std::size_t bytes) {
   make_current();
   if (bytes == 0) return nullptr;
   void* p = nullptr;
-  DPTRAIN_CUDA_CHECK(cudaMallocAsync(&p, bytes, compute_));
+  DPTRAIN_CUDA_CHECK(malloc_on_compute(&p, bytes));
   return p;
+}
+
+// The upload pool keeps the blocks of released batches (its release threshold), and the default pool
+// cannot borrow them: out of memory, the idle ones go back to the driver and the allocation is tried
+// once more, rather than failing with the memory held there (batches of a larger size late in a run).
+cudaError_t CudaBackend::malloc_on_compute(void** p, std::size_t bytes) {
+  const cudaError_t status = cudaMallocAsync(p, bytes, compute_);
+  if (status != cudaErrorMemoryAllocation || upload_pool_ == nullptr) return status;
+  cudaGetLastError();  // out of memory is not sticky
+  // A batch released on the compute stream is idle once that stream has passed its release.
+  DPTRAIN_CUDA_CHECK(cudaStreamSynchronize(compute_));
+  DPTRAIN_CUDA_CHECK(cudaStreamSynchronize(upload_stream_));
+  DPTRAIN_CUDA_CHECK(cudaMemPoolTrimTo(upload_pool_, 0));
+  return cudaMallocAsync(p, bytes, compute_);
 }
 
 void CudaBackend::release(void* pointer, std::size_t) {
@@ -143,7 +157,7 @@ void* CudaBackend::try_scratch(Scratch& s, std::size_t bytes) {
   if (s.data) DPTRAIN_CUDA_CHECK(cudaFreeAsync(s.data, compute_));
   s = {};
   void* p = nullptr;
-  if (cudaMallocAsync(&p, bytes, compute_) != cudaSuccess) {
+  if (malloc_on_compute(&p, bytes) != cudaSuccess) {
     cudaGetLastError();  // out of memory is not sticky: the caller may try a smaller request
     return nullptr;
   }

@@ -128,6 +128,8 @@ class CudaBackend final : public Backend {
     std::size_t bytes = 0;
   };
   void make_current() const;
+  // cudaMallocAsync on the compute stream, retried once after trimming the upload pool.
+  cudaError_t malloc_on_compute(void** p, std::size_t bytes);
   void* scratch(Scratch& s, std::size_t bytes);
   // As scratch, but null where the memory is not to be had (the caller has another way).
   void* try_scratch(Scratch& s, std::size_t bytes);

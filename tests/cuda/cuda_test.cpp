@@ -180,6 +180,34 @@ TEST(CudaBackendMemory, GrowingUploadsAllocatePinnedMemoryRarely) {
   b.release(device, 0);
 }
 
+// The upload pool keeps a released batch's block; an allocation that needs that memory gets it back
+// (allocate() trims the upload pool and tries again) instead of failing. The device is filled to 2 GiB
+// of its free memory, a 1 GiB batch is uploaded and released, and 1.5 GiB is then asked for: more
+// than the driver has left while the upload pool holds the batch's block. (Where the driver refuses
+// a pool for uploads, the batch's block is the default pool's, which reuses it anyway.)
+TEST(CudaBackendMemory, AllocationsGetTheUploadPoolsIdleMemory) {
+  REQUIRE_GPU();
+  gpu().synchronize();
+  CudaBackend b(0, {});
+  cudaMemPool_t pool;
+  ASSERT_EQ(cudaDeviceGetDefaultMemPool(&pool, b.device().index), cudaSuccess);
+  ASSERT_EQ(cudaMemPoolTrimTo(pool, 0), cudaSuccess);  // other tests' idle blocks: back to the driver
+  constexpr std::size_t kGiB = std::size_t{1} << 30;
+  std::size_t free = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free, &total), cudaSuccess);
+  ASSERT_GT(free, 4 * kGiB);
+  void* filler = b.allocate(free - 2 * kGiB);
+  const std::vector<char> batch(kGiB, 1);
+  b.release(b.upload(batch.data(), batch.size()), batch.size());
+  b.synchronize();
+  void* needed = nullptr;
+  EXPECT_NO_THROW(needed = b.allocate(kGiB + kGiB / 2));
+  EXPECT_NE(needed, nullptr);
+  b.release(needed, 0);
+  b.release(filler, 0);
+  b.synchronize();
+}
+
 // cuda.cudnn_benchmark ranks the algorithms by timing them: another algorithm, the same convolution.
 TEST(CudaConv, TimedAlgorithmsAgreeWithTheHeuristics) {
   REQUIRE_GPU();
