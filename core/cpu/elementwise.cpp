@@ -226,7 +226,7 @@ void activation_backward(Activation f, const float* x, const float* y, const flo
                          int64_t n) {
   switch (f) {
     case Activation::kRelu:
-      return pointwise_backward(x, y, gy, gx, n, [](float v, float) { return v > 0.0f ? 1.0f : 0.0f; });
+      return pointwise_backward(x, y, gy, gx, n, [](float v, float) { return relu_derivative(v); });
     case Activation::kTanh:
       return pointwise_backward(x, y, gy, gx, n, [](float, float out) { return 1.0f - out * out; });
     case Activation::kSigmoid:
