@@ -10,6 +10,9 @@ namespace dptrain::cpu::simd {
 
 using Packet = Eigen::internal::packet_traits<float>::type;
 constexpr int64_t kLanes = Eigen::internal::packet_traits<float>::size;
+// Vector registers that register-blocked kernels size their accumulators by: 32 with AVX-512, 16 with
+// AVX2. A block that needs more spills to the stack on every multiply-add.
+constexpr int kVectorRegisters = kLanes >= 16 ? 32 : 16;
 using Eigen::internal::padd;
 using Eigen::internal::pmadd;  // fused where the ISA has a fused multiply-add
 using Eigen::internal::pset1;
