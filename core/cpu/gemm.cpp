@@ -27,7 +27,7 @@ using namespace simd;
 
 // 8 x 3 accumulators + 3 packets of B + a broadcast fit AVX-512's 32 vector registers; AVX2 has 16,
 // so it gets half the rows.
-constexpr int kRows = kLanes >= 16 ? 8 : 4;
+constexpr int kRows = kVectorRegisters >= 32 ? 8 : 4;
 constexpr int kPackets = 3;
 constexpr int64_t kDepth = kGemmDepthBlock;
 // Whether every column block of B is copied into contiguous rows before the row blocks of A pass

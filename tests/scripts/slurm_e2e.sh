@@ -162,8 +162,9 @@ case_time_limit() {
   done
   # Requeued, the job keeps its one-minute limit, whose warning every check sends: the resumed run
   # would have to finish its 1,000-1,400 steps before the next check, 30 s after the first. On a
-  # Zen 3 VM (21 ms a step, alone as beside other tests) it did not, and was stopped again (Restarts=2). A real limit is hours
-  # long; here the requeued job gets ten minutes, which no check comes within.
+  # Zen 3 VM (21 ms a step, alone as beside other tests) it did not, and was stopped again
+  # (Restarts=2). A real limit is hours long; here the requeued job gets ten minutes, which no check
+  # comes within.
   local deadline=$((SECONDS + 60))
   until [ "$(job_field "$JOB" Restarts)" -ge 1 ] 2>/dev/null; do
     [ $SECONDS -ge $deadline ] && fail "time_limit: job $JOB was not requeued within 60 s of the warning"
