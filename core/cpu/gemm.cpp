@@ -53,6 +53,14 @@ void pack_left(int64_t m, int64_t k, Operand a, float* packed) {
   for (int64_t block = first_block; block < blocks; ++block) {
     float* to = packed + (block - first_block) * k * kRows;
     const int64_t rows = std::min<int64_t>(kRows, m - block * kRows);
+    // A whole block of a transposed A is kRows contiguous floats per kk: one copy of a constant size,
+    // which the compiler makes a vector move (element by element, with the bounds checks, this
+    // packing took 1.1% of a ResNet-50 step on one Zen 3 core).
+    if (a.transposed && rows == kRows) {
+      for (int64_t kk = 0; kk < k; ++kk)
+        std::copy_n(a.data + kk * a.stride + block * kRows, kRows, to + kk * kRows);
+      continue;
+    }
     for (int64_t kk = 0; kk < k; ++kk)
       for (int64_t r = 0; r < kRows; ++r) {
         const int64_t i = block * kRows + r;
@@ -69,18 +77,19 @@ void pack_left(int64_t m, int64_t k, Operand a, float* packed) {
 template <int Packets, bool Packed>
 void tile(int64_t depth, const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy,
           int64_t rows, int64_t cols, bool add) {
-  // The tile of Y to be added into is fetched (for writing) while its products run. Short products
+  // The tile of Y is fetched (for writing) while its products run, whether they are added into it or
+  // overwrite it: a store to a line that is not in cache reads the line first. Short products
   // otherwise end waiting on memory: the input gradient of a 1x1 convolution 256->64 over 56x56 (a
   // depth of 64), added into the shortcut's, whose rows lie a plane apart (more streams than the
-  // hardware prefetcher follows), took 12.3 ms at batch 16 on one core, 7.7 this way. A line at a
-  // time, and the row's last float too: a row need not start on a line.
+  // hardware prefetcher follows), took 12.3 ms at batch 16 on one core, 7.7 this way; written, not
+  // added, ResNet-50's products of depth 64-147 over 784-12544 columns took 11-17% less time on one
+  // Zen 3 core. A line at a time, and the row's last float too: a row need not start on a line.
   constexpr int64_t kLineFloats = 64 / sizeof(float);
-  if (add)
-    for (int64_t r = 0; r < rows; ++r) {
-      float* row = y + r * ldy;
-      for (int64_t c = 0; c < cols; c += kLineFloats) __builtin_prefetch(row + c, /*write=*/1, /*keep=*/3);
-      __builtin_prefetch(row + cols - 1, /*write=*/1, /*keep=*/3);
-    }
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = y + r * ldy;
+    for (int64_t c = 0; c < cols; c += kLineFloats) __builtin_prefetch(row + c, /*write=*/1, /*keep=*/3);
+    __builtin_prefetch(row + cols - 1, /*write=*/1, /*keep=*/3);
+  }
   Packet sums[kRows][Packets];
   for (auto& row : sums)
     for (Packet& s : row) s = zero();
