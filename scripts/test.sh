@@ -46,7 +46,19 @@ print_stages() {
   printf '  %s\n' "${stage_table[@]}"
   printf '  %-34s %6d s\n' "total" $(($(date +%s) - start))
 }
-trap print_stages EXIT
+# Open MPI 4 removes its top session directory (ompi.<host>.<uid> in the temporary directory) when
+# the last job in it ends, and a job starting at that moment can fail: "mkdir /tmp/ompi.vm.0 ... File
+# exists" (open-mpi/ompi#8510; once in about ten CI runs here, where ctest starts several MPI jobs at
+# once). A directory of ours inside it keeps it in place while the tests run: Open MPI's clean-up
+# deletes the files it finds there, not directories.
+ompi_top_dir="${TMPDIR:-${TEMP:-${TMP:-/tmp}}}/ompi.$(uname -n | cut -d. -f1).$(id -u)"
+ompi_keep_dir="$ompi_top_dir/dptrain-test.$$"
+mkdir -p "$ompi_keep_dir"
+on_exit() {
+  rmdir "$ompi_keep_dir" "$ompi_top_dir" 2>/dev/null || true
+  print_stages
+}
+trap on_exit EXIT
 
 # run_ctest BUILD_DIR [ctest args]: every test of the build, then the skip check on its results.
 run_ctest() {
