@@ -141,11 +141,14 @@ case "$CASE" in
 
   linear_regression)
     # 1000 samples of y = 5a + 3b + 2c + d without noise; 4 ranks x 250 = one full-batch step per
-    # epoch, 400 epochs of SGD lr 0.01. Measured [4.998, 2.998, 2.0005, 1.0002].
-    train 4 np4 linear_regression.json
-    $CHECK expect np4/model.safetensors 0.weight 1e-2 5 3 2 1 || fail "np4 did not recover the coefficients"
+    # epoch, 400 epochs of SGD lr 0.01. Measured [4.998, 2.998, 2.0005, 1.0002]. The sanitizer build
+    # takes 40 epochs and compares np 4 with np 1 only: the recovery is arithmetic, the same in
+    # both builds, and its 400 epochs (an evaluation each) took 41 s under the sanitizers.
+    EPOCHS=(--set training.epochs="$(pick 400 40)")
+    train 4 np4 linear_regression.json "${EPOCHS[@]}"
+    small || $CHECK expect np4/model.safetensors 0.weight 1e-2 5 3 2 1 || fail "np4 did not recover the coefficients"
     # One rank with the whole batch takes the same full-batch steps.
-    train 1 np1 linear_regression.json --set data.batch_size=1000
+    train 1 np1 linear_regression.json --set data.batch_size=1000 "${EPOCHS[@]}"
     $CHECK close np4/model.safetensors np1/model.safetensors 1e-5 || fail "np1 x 1000 differs from np4 x 250"
     ;;
 
