@@ -72,6 +72,14 @@ void pack_left(int64_t m, int64_t k, Operand a, float* packed) {
   }
 }
 
+// Fetches the lines of row[0, length) into cache, the row's last float too: a row need not start on a
+// line. Write and Keep are __builtin_prefetch's hints.
+template <int Write, int Keep>
+void prefetch_row(const float* row, int64_t length) {
+  for (int64_t c = 0; c < length; c += kLineFloats) __builtin_prefetch(row + c, Write, Keep);
+  __builtin_prefetch(row + length - 1, Write, Keep);
+}
+
 // Y's tile [rows, cols] (= or += with add) sums over kk < depth of A(r, kk) * b[kk * ldb + c], A's
 // kRows rows packed (A(r, kk) at a[kk * kRows + r]) or in place (at a[r * lda + kk]). b must be
 // readable for Packets * kLanes columns.
@@ -84,12 +92,8 @@ void tile(int64_t depth, const float* a, int64_t lda, const float* b, int64_t ld
   // depth of 64), added into the shortcut's, whose rows lie a plane apart (more streams than the
   // hardware prefetcher follows), took 12.3 ms at batch 16 on one core, 7.7 this way; written, not
   // added, ResNet-50's products of depth 64-147 over 784-12544 columns took 11-17% less time on one
-  // Zen 3 core. A line at a time, and the row's last float too: a row need not start on a line.
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = y + r * ldy;
-    for (int64_t c = 0; c < cols; c += kLineFloats) __builtin_prefetch(row + c, /*write=*/1, /*keep=*/3);
-    __builtin_prefetch(row + cols - 1, /*write=*/1, /*keep=*/3);
-  }
+  // Zen 3 core.
+  for (int64_t r = 0; r < rows; ++r) prefetch_row</*Write=*/1, /*Keep=*/3>(y + r * ldy, cols);
   Packet sums[kRows][Packets];
   for (auto& row : sums)
     for (Packet& s : row) s = zero();
@@ -161,11 +165,6 @@ NextBlock next_block_of_b(int64_t n, int64_t k, Operand b, int64_t j, int64_t co
   return {b.data + next_k0 * b.stride + next_j, depth, width};
 }
 
-void prefetch_row(const float* row, int64_t length) {
-  for (int64_t c = 0; c < length; c += kLineFloats) __builtin_prefetch(row + c, /*write=*/0, /*keep=*/2);
-  __builtin_prefetch(row + length - 1, /*write=*/0, /*keep=*/2);
-}
-
 }  // namespace
 
 void gemm(int64_t m, int64_t n, int64_t k, Operand a, Operand b, float* y, int64_t ldy, bool accumulate) {
@@ -175,8 +174,8 @@ void gemm(int64_t m, int64_t n, int64_t k, Operand a, Operand b, float* y, int64
       for (int64_t i = 0; i < m; ++i) std::fill_n(y + i * ldy, n, 0.0f);
     return;
   }
-  const int64_t first_packed = first_packed_block(m, a);
-  float* packed = thread_scratch<kPackedLeft>(((m + kRows - 1) / kRows - first_packed) * kRows * k);
+  const int64_t row_blocks = (m + kRows - 1) / kRows, first_packed = first_packed_block(m, a);
+  float* packed = thread_scratch<kPackedLeft>((row_blocks - first_packed) * kRows * k);
   pack_left(m, k, a, packed);
   // Column blocks of kPackets packets; where that would leave a last block of one packet (8
   // accumulators, too few to hide the multiply-add's latency), the last two have two each.
@@ -220,12 +219,11 @@ void gemm(int64_t m, int64_t n, int64_t k, Operand a, Operand b, float* y, int64
       // nothing hid the wait for them. ResNet-50's products with m of 64 over 3136-12544 columns took
       // 8-19% less time on one Zen 3 core, all its products 2%.
       const NextBlock next = next_block_of_b(n, k, b, j, cols, k0);
-      const int64_t row_blocks = (m + kRows - 1) / kRows,
-                    rows_per_tile = (next.rows + row_blocks - 1) / row_blocks;
+      const int64_t rows_per_tile = (next.rows + row_blocks - 1) / row_blocks;
       int64_t next_row = 0;
       for (int64_t i = 0; i < m; i += kRows) {
         for (const int64_t end = std::min(next.rows, next_row + rows_per_tile); next_row < end; ++next_row)
-          prefetch_row(next.first + next_row * b.stride, next.row_length);
+          prefetch_row</*Write=*/0, /*Keep=*/2>(next.first + next_row * b.stride, next.row_length);
         const int64_t rows = std::min<int64_t>(kRows, m - i);
         const bool in_place = i / kRows < first_packed;
         const float* rows_of_a = in_place ? a.data + i * a.stride + k0
