@@ -3,10 +3,12 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "core/error.h"
 
@@ -19,17 +21,29 @@ InjectedFault InjectedFault::from_environment() {
   char kind[32] = "throw";
   const int fields = std::sscanf(spec, "%d:%ld:%31s", &f.rank_, &f.step_, kind);
   const std::string k = kind;
-  DPTRAIN_CHECK((fields == 2 || fields == 3) &&
-                    (k == "throw" || k == "kill" || k == "kill_in_checkpoint" || k == "hang"),
-                "DPTRAIN_INJECT_FAULT='", spec, "': expected RANK:STEP[:throw|kill|kill_in_checkpoint|hang]");
+  long long slow_ms = 0;
+  char after_ms = 0;
+  const bool slow = k.starts_with("slow:") &&
+                    std::sscanf(k.c_str() + 5, "%lld%c", &slow_ms, &after_ms) == 1 && slow_ms > 0 &&
+                    slow_ms <= 60'000;
+  DPTRAIN_CHECK((fields == 2 || fields == 3) && f.rank_ >= 0 && f.step_ >= 0 &&
+                    (k == "throw" || k == "kill" || k == "kill_in_checkpoint" || k == "hang" || slow),
+                "DPTRAIN_INJECT_FAULT='", spec,
+                "': expected RANK:STEP[:throw|kill|kill_in_checkpoint|hang|slow:MS] (MS from 1 to 60000)");
   f.kind_ = k == "kill"                 ? Kind::kKill
             : k == "kill_in_checkpoint" ? Kind::kKillInCheckpoint
             : k == "hang"               ? Kind::kHang
+            : slow                      ? Kind::kSlow
                                         : Kind::kThrow;
+  f.slow_ms_ = slow_ms;
   return f;
 }
 
 void InjectedFault::before_step(int rank, int64_t steps_done) const {
+  if (kind_ == Kind::kSlow && rank == rank_ && steps_done >= step_) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms_));
+    return;
+  }
   if (steps_done != step_ || rank != rank_) return;
   if (kind_ == Kind::kThrow) DPTRAIN_FAIL("fault injected by DPTRAIN_INJECT_FAULT at step ", steps_done);
   if (kind_ == Kind::kKill) std::raise(SIGKILL);

@@ -5,6 +5,9 @@
 //   kill_in_checkpoint  rank 0 SIGKILLs itself half-way through writing that step's checkpoint
 //   hang                says so on stderr and waits for signals forever: a rank stuck in its step
 //                       (what a second SIGINT is for), deterministic where timing is not
+//   slow:MS             sleeps MS milliseconds before that step and every later one: a run that is
+//                       sure to be still training a given time after a step, however fast the
+//                       machine, so that the tests which signal a run mid-way can keep it short
 // Unset in normal use, and then it costs one comparison per step.
 #pragma once
 
@@ -17,16 +20,17 @@ class InjectedFault {
   // From DPTRAIN_INJECT_FAULT; throws on a malformed value.
   static InjectedFault from_environment();
 
-  // Throws, SIGKILLs or hangs as configured when this rank has done `steps_done` steps.
+  // Throws, SIGKILLs, hangs or sleeps as configured when this rank has done `steps_done` steps.
   void before_step(int rank, int64_t steps_done) const;
   // Whether the checkpoint of `step` written by `rank` is to be cut short (kill_in_checkpoint).
   bool kills_checkpoint(int rank, int64_t step) const;
 
  private:
-  enum class Kind { kNone, kThrow, kKill, kKillInCheckpoint, kHang };
+  enum class Kind { kNone, kThrow, kKill, kKillInCheckpoint, kHang, kSlow };
   Kind kind_ = Kind::kNone;
   int rank_ = -1;
   int64_t step_ = -1;
+  int64_t slow_ms_ = 0;
 };
 
 }  // namespace dptrain::trainer

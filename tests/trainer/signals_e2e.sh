@@ -22,13 +22,18 @@
 source "$(dirname "$0")/../e2e_common.sh"
 need_mnist
 
-# 8192 samples / (2 ranks x 32) = 128 steps per epoch, 6 epochs (the sanitizer build: 2048 / (2 x 8),
-# 1 epoch: 128 steps at a quarter of the cost each); a checkpoint every 20 steps. The signal goes out
-# once step 20's checkpoint exists; a SIGTERM to mpirun reaches the ranks 1 s later, so the run must
-# have that second left with room to spare: a Zen 4 VM ran 2 epochs in 1.1 s, finishing before the
-# signal came (6 epochs: step 20 plus 1 s was step 300 of 768 there; 25 steps under ASan).
-EPOCHS=$(pick 6 1)
-RUN=(mnist.json --set data.max_train_samples="$(pick 8192 2048)" --set data.max_test_samples=500
+# 8192 samples / (2 ranks x 32) = 128 steps per epoch, 2 epochs (the sanitizer build: 1024 / (2 x 8),
+# 1 epoch: 64 steps); a checkpoint every 20 steps. The signal goes out once step 20's checkpoint
+# exists; a SIGTERM to mpirun reaches the ranks 1 s later, so the run must have that second left with
+# room to spare, on any machine: the run to be stopped sleeps SLOW_MS before each step
+# (DPTRAIN_INJECT_FAULT kind slow), so at most 1000 / SLOW_MS steps pass in that second and at least
+# 186 steps (3.7 s) are left after it (the sanitizer build: 28 steps, 1.7 s). Before the sleeps the
+# run was 6 epochs long so that a Zen 4 VM would not finish first (it ran 2 epochs in 1.1 s), and the
+# three cases took 40-48 s each in CI.
+EPOCHS=$(pick 2 1)
+STEPS=$(($(pick 128 64) * EPOCHS))
+SLOW_MS=$(pick 20 60)
+RUN=(mnist.json --set data.max_train_samples="$(pick 8192 1024)" --set data.max_test_samples=500
      --set data.batch_size="$(pick 32 8)" --set training.epochs="$EPOCHS" --set checkpoint.every_steps=20
      --set checkpoint.every_epochs=0)
 
@@ -38,7 +43,7 @@ start() {
   shift 3
   local cmd=("$TRAINER" --config "$SRC/configs/$config" --set "output_dir=\"$SCRATCH/${RUN_DIR:-$name}\""
              --set threads=1 --set "data.dir=\"$SRC/data/mnist\"" "${SMALL_DATA[@]}" "$@")
-  [ "$np" -gt 1 ] && cmd=("$MPIEXEC" -np "$np" --oversubscribe "${cmd[@]}")
+  [ "$np" -gt 1 ] && cmd=("$MPIEXEC" -np "$np" --oversubscribe -x DPTRAIN_INJECT_FAULT "${cmd[@]}")
   DPTRAIN_INJECT_FAULT=${DPTRAIN_INJECT_FAULT:-} "${cmd[@]}" >"$name.out" 2>"$name.err" &
   PID=$!
 }
@@ -57,7 +62,7 @@ finish() {
 stop_and_resume() {
   local signal=$1 target=$2 expected=$3 requests=$4
   train 2 straight "${RUN[@]}"
-  RUN_DIR=run start 2 stopped "${RUN[@]}"
+  DPTRAIN_INJECT_FAULT=0:0:slow:$SLOW_MS RUN_DIR=run start 2 stopped "${RUN[@]}"
   wait_for "$SCRATCH/run/checkpoints/ckpt-00000020.safetensors"
   local victim=$PID
   if [ "$target" = rank ]; then
@@ -75,7 +80,7 @@ stop_and_resume() {
   step=$(sed -n 's/.*"global_step":\([0-9]*\).*/\1/p' "$SCRATCH/run/stopped.json")
   echo "  stopped.json: $(cat "$SCRATCH/run/stopped.json")"
   grep -Eq "\"stopped_by\":\"($requests)\"" "$SCRATCH/run/stopped.json" || fail "stopped.json does not say $requests"
-  [ -n "$step" ] && [ "$step" -ge 20 ] && [ "$step" -lt $((128 * EPOCHS)) ] || fail "stopped at step '$step', not mid-run"
+  [ -n "$step" ] && [ "$step" -ge 20 ] && [ "$step" -lt "$STEPS" ] || fail "stopped at step '$step', not mid-run"
   local ckpt=$SCRATCH/run/checkpoints/ckpt-$(printf %08d "$step").safetensors
   [ -e "$ckpt" ] || fail "no checkpoint of the step it stopped at ($ckpt)"
   [ ! -e "$SCRATCH/run/model.safetensors" ] || fail "a stopped run wrote final weights"
