@@ -25,6 +25,15 @@ void check_size(int64_t n, const char* what) {
 // ---- set-up ----
 
 CudaBackend::CudaBackend(int device_index, CudaOptions options) : index_(device_index), options_(options) {
+  try {
+    create_resources();
+  } catch (...) {
+    destroy_resources();
+    throw;
+  }
+}
+
+void CudaBackend::create_resources() {
   DPTRAIN_CUDA_CHECK(cudaSetDevice(index_));
   DPTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
   DPTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
@@ -62,15 +71,24 @@ CudaBackend::CudaBackend(int device_index, CudaOptions options) : index_(device_
 }
 
 CudaBackend::~CudaBackend() {
-  release_cached();
-  for (Pinned* p : {&upload_[0], &upload_[1], &batch_upload_[0], &batch_upload_[1], &download_})
+  destroy_resources();
+}
+
+void CudaBackend::destroy_resources() {
+  release_cached();  // the library handles too
+  for (Pinned* p : {&upload_[0], &upload_[1], &batch_upload_[0], &batch_upload_[1], &download_}) {
     if (p->done) cudaEventDestroy(p->done);
-  cudaEventDestroy(compute_ready_);
+    p->done = nullptr;
+  }
+  if (compute_ready_) cudaEventDestroy(compute_ready_);
+  compute_ready_ = nullptr;
   // Blocks still allocated (a batch tensor outliving the backend) defer the pool's end to their free.
   if (upload_pool_) cudaMemPoolDestroy(upload_pool_);
-  cudaStreamDestroy(upload_stream_);
-  cudaStreamDestroy(copy_);
-  cudaStreamDestroy(compute_);
+  upload_pool_ = nullptr;
+  for (cudaStream_t* stream : {&upload_stream_, &copy_, &compute_}) {
+    if (*stream) cudaStreamDestroy(*stream);
+    *stream = nullptr;
+  }
 }
 
 void CudaBackend::release_cached() {

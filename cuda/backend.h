@@ -128,6 +128,10 @@ class CudaBackend final : public Backend {
     std::size_t bytes = 0;
   };
   void make_current() const;
+  // The streams, events, pools and library handles: made by the constructor, released by the
+  // destructor, and by the constructor itself when one of them fails (no destructor runs then).
+  void create_resources();
+  void destroy_resources();
   // cudaMallocAsync on the compute stream, retried once after trimming the upload pool.
   cudaError_t malloc_on_compute(void** p, std::size_t bytes);
   void* scratch(Scratch& s, std::size_t bytes);
