@@ -405,6 +405,18 @@ const char* const kRulesDoc = R"(
   with `distributed.compression` `"powersgd"`, nor `"local"`).
 - `optimizer.max_grad_norm` > 0 does not run with both `distributed.deterministic` and
   `distributed.shard_optimizer`.
+
+Checked at start-up, once the data is open (`trainer/run.cpp`; every rank stops with one line
+naming the keys to change):
+
+- `model.input_shape` equals the shape of `data.dataset`'s samples.
+- `model.loss` is `"mse"` exactly when the dataset is a regression one (`"linear"`), and
+  `"cross_entropy"` otherwise.
+- A classifier has at least as many outputs as the dataset has classes (`model.num_classes` for a
+  named architecture, the last dense layer's `out_features` for a list of layers).
+- `image_folder`: the training and test splits have the same class folders.
+- With `data.drop_last`, `data.batch_size` x the number of ranks fits in the training samples (at
+  least one step per epoch); and there are at least as many training samples as ranks.
 )";
 
 void validate_deterministic(const Config& c) {
