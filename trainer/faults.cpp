@@ -22,9 +22,9 @@ InjectedFault InjectedFault::from_environment() {
   const int fields = std::sscanf(spec, "%d:%ld:%31s", &f.rank_, &f.step_, kind);
   const std::string k = kind;
   long long slow_ms = 0;
-  char after_ms = 0;
+  char trailing = 0;
   const bool slow = k.starts_with("slow:") &&
-                    std::sscanf(k.c_str() + 5, "%lld%c", &slow_ms, &after_ms) == 1 && slow_ms > 0 &&
+                    std::sscanf(k.c_str() + 5, "%lld%c", &slow_ms, &trailing) == 1 && slow_ms > 0 &&
                     slow_ms <= 60'000;
   DPTRAIN_CHECK((fields == 2 || fields == 3) && f.rank_ >= 0 && f.step_ >= 0 &&
                     (k == "throw" || k == "kill" || k == "kill_in_checkpoint" || k == "hang" || slow),

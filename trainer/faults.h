@@ -8,7 +8,7 @@
 //   slow:MS             sleeps MS milliseconds before that step and every later one: a run that is
 //                       sure to be still training a given time after a step, however fast the
 //                       machine, so that the tests which signal a run mid-way can keep it short
-// Unset in normal use, and then it costs one comparison per step.
+// Unset in normal use, and then it costs two comparisons per step.
 #pragma once
 
 #include <cstdint>
