@@ -140,7 +140,8 @@ int main(int argc, char** argv) {
                        {"compute", 1e3 * r.step_times.compute},
                        {"communication", 1e3 * r.step_times.communication},
                        {"optimizer", 1e3 * r.step_times.optimizer},
-                       {"total", 1e3 * r.step_times.total}}}};
+                       {"total", 1e3 * r.step_times.total}}},
+                     {"cpu_ms_per_step", 1e3 * r.cpu_seconds_per_step}};
       if (profile_ops) {
         profile.print(per_iter * iters, r.step_times.total * per_iter * iters, gemm_gflops * 1e9);
         result["profile"] = profile.summary(per_iter * iters);

@@ -6,6 +6,11 @@
 # Synchronous training runs at its slower rank's pace, so where the VM gives one core less time than
 # the other the ratio cannot pass 2 min(core 0, core 1) / (core 0 + core 1): printed as "bound", from
 # the same pair's independent runs, so that a slow core is not mistaken for communication.
+# "work" is the same pair's CPU time per step (every thread of the process), the independent runs'
+# mean over np 2's: below 1 by what the reduction's own work costs. The rest of what the ratio lacks is
+# time a rank waited for its peer (the faster rank of each step idles; independent runs never wait):
+# "waited", np 2's share of a step without CPU time, 1 - CPU time / wall time per step.
+# A core that the VM slows also takes more CPU time per step, so "work" moves with the VM too, less.
 # --versus KEY=VALUE adds a second np 2 run to each pair with that config override (an A/B of a
 # setting, e.g. distributed.shared_memory=false), its ratio to the same ceiling, and the median of
 # the pairs' np 2 / np 2 (KEY=VALUE).
@@ -23,7 +28,7 @@ while [[ $# -gt 0 ]]; do
     --batch-size) batch=$2 ;;
     --pairs) pairs=$2 ;;
     --versus) versus=$2 ;;
-    -h | --help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "synthetic_scaling: unknown option '$1' (--help lists them)" >&2; exit 2 ;;
   esac
   shift 2
@@ -35,17 +40,20 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 args=(--model "$model" --input-shape "$shape" --batch-size "$batch" --threads 1 --num-warmup-batches 2
       --num-batches-per-iter 5 --num-iters 3)
 total() { sed -n 's/^RESULT //p' | /usr/bin/python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["img_per_sec_median"] * r["ranks"])'; }
+cpu_ms() { sed -n 's/^RESULT //p' "$1" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["cpu_ms_per_step"])'; }
+wall_ms() { sed -n 's/^RESULT //p' "$1" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["step_ms"]["total"])'; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-ratios=() bounds=() versus_ratios=() gains=()
+ratios=() bounds=() works=() waits=() versus_ratios=() gains=()
 [[ -z $versus ]] || echo "versus: np 2 with --set $versus, in the same pairs"
-printf '%-5s %12s %12s %7s %9s %9s %7s' pair "np 2 img/s" ceiling ratio "core 0" "core 1" bound
+printf '%-5s %12s %12s %7s %9s %9s %7s %6s %7s' pair "np 2 img/s" ceiling ratio "core 0" "core 1" bound work waited
 [[ -z $versus ]] || printf ' %13s %7s' "versus img/s" ratio
 printf '\n'
 python() { /usr/bin/python3 -c "$1"; }
 for ((pair = 1; pair <= pairs; ++pair)); do
-  np2=$(mpirun -np 2 --bind-to core "$bench" "${args[@]}" | total)
+  mpirun -np 2 --bind-to core "$bench" "${args[@]}" >"$tmp/np2"
+  np2=$(total <"$tmp/np2")
   [[ -z $versus ]] || other=$(mpirun -np 2 --bind-to core "$bench" "${args[@]}" --set "$versus" | total)
   taskset -c 0 "$bench" "${args[@]}" >"$tmp/core0" &
   first=$!
@@ -55,8 +63,11 @@ for ((pair = 1; pair <= pairs; ++pair)); do
   ceiling=$(python "print($core0 + $core1)")
   ratio=$(python "print(f'{$np2 / $ceiling:.3f}')")
   bound=$(python "print(f'{2 * min($core0, $core1) / $ceiling:.3f}')")
-  ratios+=("$ratio") bounds+=("$bound")
-  printf '%-5s %12.1f %12.1f %7s %9.1f %9.1f %7s' "$pair" "$np2" "$ceiling" "$ratio" "$core0" "$core1" "$bound"
+  work=$(python "print(f'{($(cpu_ms "$tmp/core0") + $(cpu_ms "$tmp/core1")) / 2 / $(cpu_ms "$tmp/np2"):.3f}')")
+  waited=$(python "print(f'{1 - $(cpu_ms "$tmp/np2") / $(wall_ms "$tmp/np2"):.3f}')")
+  ratios+=("$ratio") bounds+=("$bound") works+=("$work") waits+=("$waited")
+  printf '%-5s %12.1f %12.1f %7s %9.1f %9.1f %7s %6s %7s' "$pair" "$np2" "$ceiling" "$ratio" "$core0" "$core1" "$bound" \
+    "$work" "$waited"
   if [[ -n $versus ]]; then
     versus_ratios+=("$(python "print(f'{$other / $ceiling:.3f}')")") gains+=("$(python "print($np2 / $other)")")
     printf ' %13.1f %7s' "$other" "${versus_ratios[-1]}"
@@ -65,6 +76,7 @@ for ((pair = 1; pair <= pairs; ++pair)); do
 done
 median_of() { /usr/bin/python3 -c 'import statistics,sys; print(f"{statistics.median(float(v) for v in sys.argv[1:]):.3f}")' "$@"; }
 echo "$model $shape batch $batch per rank: np 2 / two independent runs, median of $pairs pairs: $(median_of "${ratios[@]}")" \
-  "(the cores' bound: median $(median_of "${bounds[@]}"))"
+  "(the cores' bound: median $(median_of "${bounds[@]}"); work: median $(median_of "${works[@]}");" \
+  "waited: median $(median_of "${waits[@]}"))"
 [[ -z $versus ]] || echo "with $versus: median $(median_of "${versus_ratios[@]}"); np 2 / np 2 with $versus," \
   "median of the pairs: $(median_of "${gains[@]}")"

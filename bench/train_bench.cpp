@@ -97,7 +97,8 @@ int main(int argc, char** argv) {
                        {"compute", ms(t.compute)},
                        {"communication", ms(t.communication)},
                        {"optimizer", ms(t.optimizer)},
-                       {"total", ms(t.total)}}}};
+                       {"total", ms(t.total)}}},
+                     {"cpu_ms_per_step", ms(r.cpu_seconds_per_step)}};
       if (profile_ops) result["profile"] = profile.summary(timed_steps);
       std::printf("RESULT %s\n", result.dump().c_str());
     }

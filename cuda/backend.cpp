@@ -527,26 +527,32 @@ CudaBackend::ConvPlan& CudaBackend::conv_plan(const Conv2dGeometry& g) {
 }
 
 // Runs `call(algorithm, workspace)` with the plan's first working candidate, and passes over any that
-// fails for the next in rank.
+// fails for the next in rank, unless the call `adds_into_output` (beta 1) and may have done so in part.
 template <typename Call>
 void CudaBackend::run_ranked(ConvPlan& plan, std::vector<ConvAlgorithm>& candidates, std::size_t& at,
-                             const char* what, Call call) {
-  at = first_working(candidates.size(), at, std::string("cuDNN ") + what,
-                     "the convolution cannot run on this GPU as configured; try cuda.deterministic false or "
-                     "a smaller batch",
-                     [&](std::size_t k) -> std::string {
-                       const ConvAlgorithm& a = candidates[k];
-                       const std::string name = "algorithm " + std::to_string(a.algo);
-                       void* workspace = try_scratch(workspace_, a.workspace);
-                       if (a.workspace > 0 && workspace == nullptr)
-                         return name + ": no memory for its " + std::to_string(a.workspace >> 20) +
-                                " MiB workspace";
-                       cudnnStatus_t status = cudnnSetConvolutionMathType(plan.conv, a.math);
-                       if (status == CUDNN_STATUS_SUCCESS) status = call(a, workspace);
-                       if (status == CUDNN_STATUS_SUCCESS) return {};
-                       cudaGetLastError();  // a failed launch inside cuDNN must not be blamed on the next
-                       return name + ": " + cudnnGetErrorString(status);
-                     });
+                             const char* what, bool adds_into_output, Call call) {
+  at = first_working(
+      candidates.size(), at, std::string("cuDNN ") + what,
+      "the convolution cannot run on this GPU as configured; try cuda.deterministic false or "
+      "a smaller batch",
+      [&](std::size_t k) -> std::string {
+        const ConvAlgorithm& a = candidates[k];
+        const std::string name = "algorithm " + std::to_string(a.algo);
+        void* workspace = try_scratch(workspace_, a.workspace);
+        if (a.workspace > 0 && workspace == nullptr)
+          return name + ": no memory for its " + std::to_string(a.workspace >> 20) + " MiB workspace";
+        cudnnStatus_t status = cudnnSetConvolutionMathType(plan.conv, a.math);
+        if (status == CUDNN_STATUS_SUCCESS) status = call(a, workspace);
+        if (status == CUDNN_STATUS_SUCCESS) return {};
+        cudaGetLastError();  // a failed launch inside cuDNN must not be blamed on the next
+        const std::string failure = name + ": " + cudnnGetErrorString(status);
+        DPTRAIN_CHECK(!adds_into_output || cudnn_failed_before_writing(status), "cuDNN ", what, " ", failure,
+                      " (status ", static_cast<int>(status),
+                      ") after it may have added part of its result into the gradient, which "
+                      "another algorithm would add to again; the GPU failed or ran out of memory "
+                      "inside cuDNN: check nvidia-smi, then resume from the last checkpoint");
+        return failure;
+      });
   DPTRAIN_CUDA_SYNC_POINT(what);
 }
 
@@ -556,7 +562,7 @@ void CudaBackend::conv2d(const float* x, const float* w, const float* bias, floa
   if (g.batch == 0) return;
   ConvPlan& plan = conv_plan(g);
   const float one = 1, zero = 0;
-  run_ranked(plan, plan.forward, plan.forward_at, "cudnnConvolutionForward",
+  run_ranked(plan, plan.forward, plan.forward_at, "cudnnConvolutionForward", /*adds_into_output=*/false,
              [&](const ConvAlgorithm& a, void* workspace) {
                return cudnnConvolutionForward(cudnn_, &one, plan.x, x, plan.w, w, plan.conv,
                                               static_cast<cudnnConvolutionFwdAlgo_t>(a.algo), workspace,
@@ -586,7 +592,7 @@ void CudaBackend::conv2d_backward(const float* gy, const float* x, const float* 
   const float one = 1;
   if (gw)
     run_ranked(plan, plan.backward_filter, plan.filter_at, "cudnnConvolutionBackwardFilter",
-               [&](const ConvAlgorithm& a, void* workspace) {
+               /*adds_into_output=*/true, [&](const ConvAlgorithm& a, void* workspace) {
                  return cudnnConvolutionBackwardFilter(cudnn_, &one, plan.x, x, plan.y, grad, plan.conv,
                                                        static_cast<cudnnConvolutionBwdFilterAlgo_t>(a.algo),
                                                        workspace, a.workspace, &one, plan.w, gw);
@@ -595,7 +601,7 @@ void CudaBackend::conv2d_backward(const float* gy, const float* x, const float* 
   const float zero = 0;
   const float* keep_gx = gx.overwrite ? &zero : &one;
   if (gx)
-    run_ranked(plan, plan.backward_data, plan.data_at, "cudnnConvolutionBackwardData",
+    run_ranked(plan, plan.backward_data, plan.data_at, "cudnnConvolutionBackwardData", !gx.overwrite,
                [&](const ConvAlgorithm& a, void* workspace) {
                  return cudnnConvolutionBackwardData(cudnn_, &one, plan.w, w, plan.y, grad, plan.conv,
                                                      static_cast<cudnnConvolutionBwdDataAlgo_t>(a.algo),

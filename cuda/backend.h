@@ -155,7 +155,7 @@ class CudaBackend final : public Backend {
   ConvPlan& conv_plan(const Conv2dGeometry& g);
   template <typename Call>
   void run_ranked(ConvPlan& plan, std::vector<ConvAlgorithm>& candidates, std::size_t& at, const char* what,
-                  Call call);
+                  bool adds_into_output, Call call);
   struct LinearPlan;  // cuBLASLt descriptors and algorithm of one linear shape
   LinearPlan& linear_plan(LinearShape s);
 

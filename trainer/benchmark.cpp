@@ -2,11 +2,23 @@
 // checkpoints, the same steps as training.
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 
 #include "core/storage.h"
 #include "trainer/trainer.h"
 
 namespace dptrain::trainer {
+
+namespace {
+
+double process_cpu_seconds() {
+  timespec now{};
+  DPTRAIN_CHECK(clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now) == 0,
+                "clock_gettime(CLOCK_PROCESS_CPUTIME_ID) failed", " while timing the benchmark's steps");
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+}
+
+}  // namespace
 
 BenchmarkResult Trainer::benchmark(const BenchmarkOptions& options) {
   model_->set_training(true);
@@ -26,14 +38,16 @@ BenchmarkResult Trainer::benchmark(const BenchmarkOptions& options) {
   if (options.before_timed_steps) options.before_timed_steps();
   BenchmarkResult result;
   const std::size_t allocations_before = storage_stats().fresh_allocations;
-  double timed_seconds = 0;
+  double timed_seconds = 0, cpu_seconds = 0;
   for (int64_t r = 0; r < options.repetitions; ++r) {
     comm_->barrier("barrier before the timed steps");
     const auto start = std::chrono::steady_clock::now();
+    const double cpu_start = process_cpu_seconds();
     const int64_t samples_before = timed.samples;
     for (int64_t i = 0; i < options.timed_steps; ++i) next_step(timed);
     flush_metrics(timed);  // waits for the device: its queued work belongs to these steps
-    comm_->barrier("barrier after the timed steps");  // the slowest rank sets the time
+    cpu_seconds += process_cpu_seconds() - cpu_start;  // before the barrier, where MPI polls
+    comm_->barrier("barrier after the timed steps");   // the slowest rank sets the time
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     timed_seconds += seconds;
     double samples = static_cast<double>(timed.samples - samples_before);
@@ -49,6 +63,10 @@ BenchmarkResult Trainer::benchmark(const BenchmarkOptions& options) {
   comm_->allreduce(std::span<double>(backward), distributed::ReduceOp::kSum, "allreduce of backward time");
   result.backward_fraction = backward[0] / std::max(backward[1], 1e-12);
   result.step_times = mean_step_times(timed, timed_seconds);
+  comm_->allreduce(std::span<double>(&cpu_seconds, 1), distributed::ReduceOp::kSum,
+                   "allreduce of the benchmark's CPU time");
+  const int64_t timed_steps = std::max<int64_t>(options.timed_steps * options.repetitions, 1);
+  result.cpu_seconds_per_step = cpu_seconds / comm_->size() / static_cast<double>(timed_steps);
   std::vector<double> sorted = result.samples_per_sec_by_repetition;
   std::sort(sorted.begin(), sorted.end());
   result.samples_per_sec = sorted.empty() ? 0.0 : sorted[sorted.size() / 2];

@@ -3,6 +3,7 @@
 // and the NCCL communicator on one rank. The checks and the probe run everywhere; everything that
 // needs a GPU skips with the probe's reason where there is none, and DPTRAIN_REQUIRE_GPU=1 makes
 // such a skip a failure.
+#include <cudnn.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -80,6 +81,35 @@ TEST(RankedCandidates, TheFirstThatWorksIsTakenAndFailuresAreNamed) {
   EXPECT_CONTAINS(message,
                   "cuDNN forward: no candidate worked (2 tried: algorithm 0: not supported; "
                   "algorithm 1: not supported); try cuda.deterministic false");
+}
+
+// A candidate whose failure no other can repair (it added part of a sum) ends the search: its
+// exception passes through, and no later candidate runs.
+TEST(RankedCandidates, AnAttemptThatThrowsEndsTheSearch) {
+  std::vector<std::size_t> tried;
+  const auto attempt = [&](std::size_t i) -> std::string {
+    tried.push_back(i);
+    DPTRAIN_CHECK(i != 1, "algorithm 1 failed part-way");
+    return "algorithm " + std::to_string(i) + ": not supported";
+  };
+  EXPECT_CONTAINS(test_util::error_of([&] { first_working(4, 0, "cuDNN backward", "hint", attempt); }),
+                  "algorithm 1 failed part-way");
+  EXPECT_EQ(tried, (std::vector<std::size_t>{0, 1}));
+}
+
+// Which of cuDNN 9's statuses come before any output is written (a retry is safe even when the call
+// adds into its output), by the statuses' names in cuDNN's own header.
+TEST(RankedCandidates, OnlyBadParametersAndUnsupportedCasesFailBeforeWriting) {
+  for (cudnnStatus_t status :
+       {CUDNN_STATUS_BAD_PARAM, CUDNN_STATUS_BAD_PARAM_NULL_POINTER, CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH,
+        CUDNN_STATUS_NOT_SUPPORTED, CUDNN_STATUS_NOT_SUPPORTED_SHAPE,
+        CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT})
+    EXPECT_TRUE(cudnn_failed_before_writing(status)) << "status " << static_cast<int>(status);
+  for (cudnnStatus_t status :
+       {CUDNN_STATUS_SUCCESS, CUDNN_STATUS_NOT_INITIALIZED, CUDNN_STATUS_INTERNAL_ERROR,
+        CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED, CUDNN_STATUS_EXECUTION_FAILED,
+        CUDNN_STATUS_EXECUTION_FAILED_CUDART})
+    EXPECT_FALSE(cudnn_failed_before_writing(status)) << "status " << static_cast<int>(status);
 }
 
 TEST(CudaDevice, ProbeNeverThrowsAndExplainsAbsence) {

@@ -90,6 +90,12 @@ JSON
       grep -q '^Img/sec per CPU: [0-9.]* +-[0-9.]*$' np$np.out || fail "no 'Img/sec per CPU' line"
       grep -q "^Total img/sec on $np CPU(s): [0-9.]* +-[0-9.]*$" np$np.out || fail "no 'Total img/sec' line"
       grep -q "^RESULT {.*\"ranks\":$np" np$np.out || fail "no RESULT line for $np rank(s)"
+      # CPU time per step against the wall time per step: one compute thread can't take more than
+      # the step's time (plus the loader's and the reduction's slivers), and it takes some.
+      cpu=$(sed -n 's/^RESULT .*"cpu_ms_per_step":\([0-9.e+-]*\).*/\1/p' np$np.out)
+      wall=$(sed -n 's/^RESULT .*"total":\([0-9.e+-]*\).*/\1/p' np$np.out)
+      awk -v cpu="$cpu" -v wall="$wall" 'BEGIN { exit !(cpu > 0 && cpu <= 1.5 * wall) }' ||
+        fail "cpu_ms_per_step '$cpu' is not in (0, 1.5 x the step's $wall ms]"
     done
     # --profile-ops against a count by hand. resnet20 at 3x8x8, multiply-adds per sample: conv1 3->16
     # at 8x8 27,648; stage 1, six 16->16 at 8x8, 884,736; stage 2 (4x4) 73,728 + 147,456 + the 1x1
