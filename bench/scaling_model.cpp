@@ -285,7 +285,7 @@ void print_predictions(const std::vector<Json>& runs, const Json& base, const Li
   std::vector<std::vector<std::string>> table{
       {"ranks", "compression", "fusion_mb", "samples_per_sec", "efficiency", "step_ms", "data_ms",
        "compute_ms", "communication_ms", "optimizer_ms", "oversubscribed", "predicted_samples_per_sec",
-       "predicted_efficiency", "prediction_error_pct"}};
+       "predicted_efficiency", "prediction_error_pct", "cpu_ms"}};
   std::vector<double> errors;
   for (const auto& [key, entry] : sorted) {
     const Json& r = *entry;
@@ -319,7 +319,9 @@ void print_predictions(const std::vector<Json>& runs, const Json& base, const Li
          formatted("%.3f", sn.at("data").get<double>()), formatted("%.3f", sn.at("compute").get<double>()),
          formatted("%.3f", sn.at("communication").get<double>()),
          formatted("%.3f", sn.at("optimizer").get<double>()), oversubscribed ? "1" : "0",
-         formatted("%.1f", predicted), formatted("%.4f", eff_predicted), formatted("%.2f", 100 * error)});
+         formatted("%.1f", predicted), formatted("%.4f", eff_predicted), formatted("%.2f", 100 * error),
+         // Runs recorded before train_bench measured CPU time have none: an empty field, not a zero.
+         r.contains("cpu_ms_per_step") ? formatted("%.3f", r.at("cpu_ms_per_step").get<double>()) : ""});
   }
   if (!errors.empty())
     std::printf(

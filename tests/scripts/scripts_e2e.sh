@@ -30,6 +30,9 @@ case "$CASE" in
     [ "$(wc -l <"$SCRATCH/sweep/scaling.csv")" -eq 4 ] || fail "expected a header and 3 rows in scaling.csv"
     head -1 "$SCRATCH/sweep/scaling.csv" | grep -q "^ranks,compression,fusion_mb,samples_per_sec,efficiency" ||
       fail "unexpected CSV header"
+    # The last column, the CPU time per step, is there and measured in every row (lines end in \r\n).
+    awk -F, 'NR == 1 { ok = ($NF == "cpu_ms\r") } NR > 1 { ok = ok && $NF + 0 > 0 } END { exit !ok }' \
+      "$SCRATCH/sweep/scaling.csv" || fail "scaling.csv has no cpu_ms column, or a row without a positive one"
     for png in throughput efficiency; do
       [ "$(head -c 4 "$SCRATCH/sweep/$png.png" | od -An -tx1 | tr -d ' ')" = 89504e47 ] || fail "$png.png is not a PNG"
     done
