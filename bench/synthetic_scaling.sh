@@ -7,7 +7,8 @@
 # the other the ratio cannot pass 2 min(core 0, core 1) / (core 0 + core 1): printed as "bound", from
 # the same pair's independent runs, so that a slow core is not mistaken for communication.
 # "work" is the same pair's CPU time per step (every thread of the process), the independent runs'
-# mean over np 2's: below 1 by what the reduction's own work costs. The rest of what the ratio lacks is
+# mean over np 2's: below 1 by the CPU time np 2 adds (the reduction's, and kernels slowed by the
+# ranks streaming memory at once). The rest of what the ratio lacks is
 # time a rank waited for its peer (the faster rank of each step idles; independent runs never wait):
 # "waited", np 2's share of a step without CPU time, 1 - CPU time / wall time per step.
 # A core that the VM slows also takes more CPU time per step, so "work" moves with the VM too, less.
@@ -28,7 +29,7 @@ while [[ $# -gt 0 ]]; do
     --batch-size) batch=$2 ;;
     --pairs) pairs=$2 ;;
     --versus) versus=$2 ;;
-    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "synthetic_scaling: unknown option '$1' (--help lists them)" >&2; exit 2 ;;
   esac
   shift 2
@@ -39,9 +40,10 @@ bench="$build/bench/synthetic_benchmark"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 args=(--model "$model" --input-shape "$shape" --batch-size "$batch" --threads 1 --num-warmup-batches 2
       --num-batches-per-iter 5 --num-iters 3)
-total() { sed -n 's/^RESULT //p' | /usr/bin/python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["img_per_sec_median"] * r["ranks"])'; }
-cpu_ms() { sed -n 's/^RESULT //p' "$1" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["cpu_ms_per_step"])'; }
-wall_ms() { sed -n 's/^RESULT //p' "$1" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["step_ms"]["total"])'; }
+# result FILE EXPR: EXPR over the RESULT line's json `r`.
+result() { sed -n 's/^RESULT //p' "$1" | /usr/bin/python3 -c "import json,sys; r=json.load(sys.stdin); print($2)"; }
+total() { result "$1" 'r["img_per_sec_median"] * r["ranks"]'; }
+cpu_ms() { result "$1" 'r["cpu_ms_per_step"]'; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -53,18 +55,21 @@ printf '\n'
 python() { /usr/bin/python3 -c "$1"; }
 for ((pair = 1; pair <= pairs; ++pair)); do
   mpirun -np 2 --bind-to core "$bench" "${args[@]}" >"$tmp/np2"
-  np2=$(total <"$tmp/np2")
-  [[ -z $versus ]] || other=$(mpirun -np 2 --bind-to core "$bench" "${args[@]}" --set "$versus" | total)
+  np2=$(total "$tmp/np2")
+  if [[ -n $versus ]]; then
+    mpirun -np 2 --bind-to core "$bench" "${args[@]}" --set "$versus" >"$tmp/versus"
+    other=$(total "$tmp/versus")
+  fi
   taskset -c 0 "$bench" "${args[@]}" >"$tmp/core0" &
   first=$!
   taskset -c 1 "$bench" "${args[@]}" >"$tmp/core1"
   wait "$first"
-  core0=$(total <"$tmp/core0") core1=$(total <"$tmp/core1")
+  core0=$(total "$tmp/core0") core1=$(total "$tmp/core1")
   ceiling=$(python "print($core0 + $core1)")
   ratio=$(python "print(f'{$np2 / $ceiling:.3f}')")
   bound=$(python "print(f'{2 * min($core0, $core1) / $ceiling:.3f}')")
   work=$(python "print(f'{($(cpu_ms "$tmp/core0") + $(cpu_ms "$tmp/core1")) / 2 / $(cpu_ms "$tmp/np2"):.3f}')")
-  waited=$(python "print(f'{1 - $(cpu_ms "$tmp/np2") / $(wall_ms "$tmp/np2"):.3f}')")
+  waited=$(result "$tmp/np2" '"%.3f" % (1 - r["cpu_ms_per_step"] / r["step_ms"]["total"])')
   ratios+=("$ratio") bounds+=("$bound") works+=("$work") waits+=("$waited")
   printf '%-5s %12.1f %12.1f %7s %9.1f %9.1f %7s %6s %7s' "$pair" "$np2" "$ceiling" "$ratio" "$core0" "$core1" "$bound" \
     "$work" "$waited"

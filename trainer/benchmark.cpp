@@ -59,14 +59,14 @@ BenchmarkResult Trainer::benchmark(const BenchmarkOptions& options) {
   result.parameters = layers::parameter_count(*model_);
   result.training_flops_per_sample = 6 * model_->multiply_adds(train_set_->sample_shape());
   result.bucket_bytes = gradient_sync_->bucket_bytes();
-  double backward[2] = {timed.backward, timed.forward + timed.backward};
-  comm_->allreduce(std::span<double>(backward), distributed::ReduceOp::kSum, "allreduce of backward time");
-  result.backward_fraction = backward[0] / std::max(backward[1], 1e-12);
+  // Sums over the ranks: backward time, forward and backward time, CPU time.
+  double sums[3] = {timed.backward, timed.forward + timed.backward, cpu_seconds};
+  comm_->allreduce(std::span<double>(sums), distributed::ReduceOp::kSum,
+                   "allreduce of the benchmark's times");
+  result.backward_fraction = sums[0] / std::max(sums[1], 1e-12);
   result.step_times = mean_step_times(timed, timed_seconds);
-  comm_->allreduce(std::span<double>(&cpu_seconds, 1), distributed::ReduceOp::kSum,
-                   "allreduce of the benchmark's CPU time");
   const int64_t timed_steps = std::max<int64_t>(options.timed_steps * options.repetitions, 1);
-  result.cpu_seconds_per_step = cpu_seconds / comm_->size() / static_cast<double>(timed_steps);
+  result.cpu_seconds_per_step = sums[2] / comm_->size() / static_cast<double>(timed_steps);
   std::vector<double> sorted = result.samples_per_sec_by_repetition;
   std::sort(sorted.begin(), sorted.end());
   result.samples_per_sec = sorted.empty() ? 0.0 : sorted[sorted.size() / 2];
