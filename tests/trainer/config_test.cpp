@@ -93,6 +93,29 @@ TEST(ParseConfig, DefaultsForAMinimalConfig) {
   EXPECT_EQ(out.checkpoint.keep, 3);
 }
 
+// Idle spinners run where ranks wait for each other on the CPU, unless the config says otherwise: not
+// for one rank (no peer to wait for), not on a GPU (the host waits for the device).
+TEST(ParseConfig, IdleSpinByDefaultOnlyForSeveralRanksOnTheCpu) {
+  const auto spins = [](const char* setting, bool on_host, int ranks) {
+    const Config c = parse_config(Json::parse(
+        std::string(R"({"model": {"input_shape": [4], "layers": [{"type": "relu"}]})") +
+        (setting ? std::string(R"(, "distributed": {"idle_spin": ")") + setting + "\"}" : "") + "}"));
+    return spins_while_idle(c.distributed, on_host, ranks);
+  };
+  EXPECT_TRUE(spins(nullptr, true, 2));
+  EXPECT_TRUE(spins("auto", true, 4));
+  EXPECT_FALSE(spins(nullptr, true, 1));
+  EXPECT_FALSE(spins(nullptr, false, 2));
+  for (const bool on_host : {true, false})
+    for (const int ranks : {1, 2}) {
+      EXPECT_TRUE(spins("on", on_host, ranks));
+      EXPECT_FALSE(spins("off", on_host, ranks));
+    }
+  expect_config_error(Json::parse(R"({"model": {"input_shape": [4], "layers": [{"type": "relu"}]},
+                                      "distributed": {"idle_spin": true}})"),
+                      {"distributed.idle_spin"});
+}
+
 // A dead peer hangs NCCL's collectives forever: by default they are aborted after 600 s (PyTorch's
 // timeout); MPI's cannot be cancelled, so by default it only warns. An explicit value is kept.
 TEST(ParseConfig, StallAbortDefaultsByBackend) {
