@@ -7,7 +7,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <future>
+#include <iterator>
+#include <sstream>
 #include <system_error>
 
 #include "core/error.h"
@@ -83,6 +86,42 @@ double IdleSpinners::cpu_seconds() const {
   double seconds = 0;
   for (const clockid_t clock : clocks_) seconds += seconds_of(clock, "an idle spinner's CPU clock");
   return seconds;
+}
+
+std::string cpu_time_ration(const std::string& proc_cgroup, const std::string& root) {
+  std::istringstream lines(proc_cgroup);
+  for (std::string line; std::getline(lines, line);) {
+    const std::size_t first = line.find(':'), second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    const std::string controllers = line.substr(first + 1, second - first - 1);
+    std::string hierarchy, file, unlimited;
+    if (controllers.empty()) {  // v2: one hierarchy; cpu.max is "QUOTA PERIOD" or "max PERIOD"
+      hierarchy = root, file = "cpu.max", unlimited = "max";
+    } else if (("," + controllers + ",").find(",cpu,") != std::string::npos) {
+      hierarchy = root + "/" + controllers, file = "cpu.cfs_quota_us", unlimited = "-1";
+    } else {
+      continue;
+    }
+    // From the process's own cgroup up to the hierarchy's root: a limit anywhere above applies too
+    // (and inside a container the process's path may name cgroups the container cannot see).
+    for (std::string path = line.substr(second + 1);;) {
+      while (!path.empty() && path.back() == '/') path.pop_back();
+      const std::string at = hierarchy + path + "/" + file;
+      std::ifstream limit(at);
+      std::string value;
+      if (std::getline(limit, value) && !value.empty() && value.substr(0, value.find(' ')) != unlimited)
+        return at + ": " + value;
+      if (path.empty()) break;
+      const std::size_t slash = path.rfind('/');
+      path.erase(slash == std::string::npos ? 0 : slash);
+    }
+  }
+  return "";
+}
+
+std::string cpu_time_ration() {
+  std::ifstream file("/proc/self/cgroup");
+  return cpu_time_ration(std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()));
 }
 
 double rank_cpu_seconds(const IdleSpinners* spinners) {

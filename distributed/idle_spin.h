@@ -43,4 +43,12 @@ class IdleSpinners {
 // This process's CPU time (every thread) less the spinners' (null: none): the CPU time the rank used.
 double rank_cpu_seconds(const IdleSpinners* spinners);
 
+// Where this process's CPU time is rationed (a container's --cpus, a Kubernetes CPU limit): the
+// cgroup file that sets the limit, in the process's cgroup or one above it, and the limit ("" where
+// none is). Under a ration the spinners would spend the time that the rank's compute needs after a
+// wait. `proc_cgroup` is /proc/self/cgroup's text (cgroup v2's "0::PATH", or v1's "ID:cpu,...:PATH"
+// lines); `root` is where the hierarchies are mounted.
+std::string cpu_time_ration(const std::string& proc_cgroup, const std::string& root = "/sys/fs/cgroup");
+std::string cpu_time_ration();  // of this process
+
 }  // namespace dptrain::distributed

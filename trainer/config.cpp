@@ -338,7 +338,8 @@ void declare_distributed(SectionBuilder<Config, DistributedConfig> d) {
           "Compress a tensor only if its factors are this many times smaller.");
   d.field("idle_spin", &D::idle_spin, IdleSpin::kAuto, kIdleSpins,
           "Idle-priority threads keep the rank's cores running while it waits for its peers (a halted "
-          "core of a VM resumes late); `auto`: on for CPU runs of more than one rank.");
+          "core of a VM resumes late); `auto`: on for CPU runs of more than one rank, unless a cgroup "
+          "rations the CPU time.");
   d.field("stall_warning_s", &D::stall_warning_s, 60.0, Range{0.0, 1e9},
           "Warn about a collective this late; 0: off.");
   d.field("stall_abort_s", &D::stall_abort_s, kStallAbortAuto, kStallAbort,

@@ -133,9 +133,11 @@ struct DistributedConfig {
 // (a dead peer otherwise hangs its GPU collectives forever; PyTorch's NCCL timeout is 10 minutes)
 // and none for MPI (whose collectives cannot be cancelled; the warnings name the wait).
 // Whether a run keeps its cores running while it waits (distributed.idle_spin): by default where
-// ranks wait for each other on the CPU. On a GPU the host waits for the device, not for its peers.
-inline bool spins_while_idle(const DistributedConfig& d, bool on_host, int ranks) {
-  return d.idle_spin == IdleSpin::kOn || (d.idle_spin == IdleSpin::kAuto && on_host && ranks > 1);
+// ranks wait for each other on the CPU, unless the CPU time is rationed (distributed/idle_spin.h).
+// On a GPU the host waits for the device, not for its peers.
+inline bool spins_while_idle(const DistributedConfig& d, bool on_host, int ranks, bool cpu_time_rationed) {
+  return d.idle_spin == IdleSpin::kOn ||
+         (d.idle_spin == IdleSpin::kAuto && on_host && ranks > 1 && !cpu_time_rationed);
 }
 
 inline double stall_abort_seconds(const DistributedConfig& d, bool nccl) {

@@ -237,7 +237,8 @@ Trainer::Trainer(const Config& config, const distributed::World& world)
       fault_(InjectedFault::from_environment()),
       checkpoints_(config.checkpoint, world.rank(), fault_) {
   check_data_fits(config, *model_, *train_set_, *test_set_, sampler_, world);
-  if (spins_while_idle(config.distributed, device_.is_host(), world.size())) {
+  if (spins_while_idle(config.distributed, device_.is_host(), world.size(),
+                       !distributed::cpu_time_ration().empty())) {
     idle_spinners_ = std::make_unique<distributed::IdleSpinners>(omp_get_max_threads());
     if (!idle_spinners_->why_not().empty() && config.distributed.idle_spin == IdleSpin::kOn)
       std::fprintf(stderr,

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -81,6 +82,61 @@ TEST(IdleSpinners, FillIdleTimeThatIsNotTheRanks) {
   EXPECT_GT(spun, 0.2) << "a spinner should run on an idle CPU for most of 0.4 s";
   EXPECT_GE(process_used, spun * 0.99);
   EXPECT_LT(rank_used, 0.05) << "the rank slept; only the spinner ran";
+}
+
+// A cgroup tree in a temporary folder: write(path, text) makes the file and its folders.
+class CgroupTree : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = std::filesystem::temp_directory_path() /
+            ("dptrain_cgroup_" + std::to_string(getpid()) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(root_);
+  }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+  void write(const std::string& path, const std::string& text) {
+    std::filesystem::create_directories((root_ / path).parent_path());
+    std::ofstream(root_ / path) << text << "\n";
+  }
+  std::string ration(const std::string& proc_cgroup) { return cpu_time_ration(proc_cgroup, root_.string()); }
+  std::string at(const std::string& path) { return (root_ / path).string(); }
+  std::filesystem::path root_;
+};
+
+TEST_F(CgroupTree, V2WithoutALimitAnywhere) {
+  write("cpu.max", "max 100000");
+  write("a/cpu.max", "max 100000");
+  write("a/b/cpu.max", "max 100000");
+  EXPECT_EQ(ration("0::/a/b\n"), "");
+}
+
+TEST_F(CgroupTree, V2LimitOfTheOwnCgroupOrOneAbove) {
+  write("a/b/cpu.max", "max 100000");
+  write("a/cpu.max", "150000 100000");
+  EXPECT_EQ(ration("0::/a/b\n"), at("a/cpu.max") + ": 150000 100000");
+  write("a/b/cpu.max", "50000 100000");
+  EXPECT_EQ(ration("0::/a/b\n"), at("a/b/cpu.max") + ": 50000 100000");
+  // Inside a container (a cgroup namespace) the process's cgroup is "/", the container's own.
+  write("cpu.max", "200000 100000");
+  EXPECT_EQ(ration("0::/\n"), at("cpu.max") + ": 200000 100000");
+}
+
+TEST_F(CgroupTree, V1QuotaOfTheCpuController) {
+  // A path that the container cannot see: its own cgroup is the hierarchy's root there.
+  const std::string proc = "5:memory:/docker/x\n4:cpu,cpuacct:/docker/x\n3:cpuset:/docker/x\n";
+  write("cpu,cpuacct/cpu.cfs_quota_us", "-1");
+  EXPECT_EQ(ration(proc), "");
+  write("cpu,cpuacct/cpu.cfs_quota_us", "50000");
+  EXPECT_EQ(ration(proc), at("cpu,cpuacct/cpu.cfs_quota_us") + ": 50000");
+  // Other controllers' files say nothing about CPU time.
+  write("cpuset/cpu.cfs_quota_us", "50000");
+  EXPECT_EQ(ration("3:cpuset:/\n"), "");
+}
+
+TEST_F(CgroupTree, NoCgroupOrMalformedLinesMeanNoRation) {
+  EXPECT_EQ(ration(""), "");
+  write("cpu.max", "max 100000");
+  EXPECT_EQ(ration("garbage\n0::relative/path\n:\n"), "");
 }
 
 }  // namespace
