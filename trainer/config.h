@@ -129,9 +129,6 @@ struct DistributedConfig {
   std::string timeline;    // Chrome-trace JSON written here (by rank 0, all ranks' tracks); "" = off
 };
 
-// The stall abort in seconds for a communicator: the configured one, or by default 600 s for NCCL
-// (a dead peer otherwise hangs its GPU collectives forever; PyTorch's NCCL timeout is 10 minutes)
-// and none for MPI (whose collectives cannot be cancelled; the warnings name the wait).
 // Whether a run keeps its cores running while it waits (distributed.idle_spin): by default where
 // ranks wait for each other on the CPU, unless the CPU time is rationed (distributed/idle_spin.h).
 // On a GPU the host waits for the device, not for its peers.
@@ -140,6 +137,9 @@ inline bool spins_while_idle(const DistributedConfig& d, bool on_host, int ranks
          (d.idle_spin == IdleSpin::kAuto && on_host && ranks > 1 && !cpu_time_rationed);
 }
 
+// The stall abort in seconds for a communicator: the configured one, or by default 600 s for NCCL
+// (a dead peer otherwise hangs its GPU collectives forever; PyTorch's NCCL timeout is 10 minutes)
+// and none for MPI (whose collectives cannot be cancelled; the warnings name the wait).
 inline double stall_abort_seconds(const DistributedConfig& d, bool nccl) {
   if (d.stall_abort_s != kStallAbortAuto) return d.stall_abort_s;
   return nccl ? 600.0 : 0.0;
