@@ -6,12 +6,11 @@
 # Synchronous training runs at its slower rank's pace, so where the VM gives one core less time than
 # the other the ratio cannot pass 2 min(core 0, core 1) / (core 0 + core 1): printed as "bound", from
 # the same pair's independent runs, so that a slow core is not mistaken for communication.
-# "work" is the same pair's CPU time per step (every thread of the process but its idle spinners,
-# distributed.idle_spin), the independent runs' mean over np 2's: below 1 by the CPU time np 2 adds
-# (the reduction's, and kernels slowed by the ranks streaming memory at once). The rest of what the
-# ratio lacks is time a rank waited for its peer (the faster rank of each step idles; independent
-# runs never wait): "waited", np 2's share of a step without CPU time, 1 - CPU time / wall time per
-# step.
+# "work" is the same pair's CPU time per step (every thread of the process), the independent runs'
+# mean over np 2's: below 1 by the CPU time np 2 adds (the reduction's, and kernels slowed by the
+# ranks streaming memory at once). The rest of what the ratio lacks is
+# time a rank waited for its peer (the faster rank of each step idles; independent runs never wait):
+# "waited", np 2's share of a step without CPU time, 1 - CPU time / wall time per step.
 # A core that the VM slows also takes more CPU time per step, so "work" moves with the VM too, less.
 # --versus KEY=VALUE adds a second np 2 run to each pair with that config override (an A/B of a
 # setting, e.g. distributed.shared_memory=false), its ratio to the same ceiling, and the median of
@@ -30,7 +29,7 @@ while [[ $# -gt 0 ]]; do
     --batch-size) batch=$2 ;;
     --pairs) pairs=$2 ;;
     --versus) versus=$2 ;;
-    -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "synthetic_scaling: unknown option '$1' (--help lists them)" >&2; exit 2 ;;
   esac
   shift 2

@@ -32,8 +32,6 @@ constexpr Names<optim::Decay> kSchedules = {
     {"constant", optim::Decay::kConstant}, {"step", optim::Decay::kStep}, {"cosine", optim::Decay::kCosine}};
 constexpr Names<OnCheckpointError> kOnCheckpointErrors = {{"stop", OnCheckpointError::kStop},
                                                           {"warn", OnCheckpointError::kWarn}};
-constexpr Names<IdleSpin> kIdleSpins = {
-    {"auto", IdleSpin::kAuto}, {"on", IdleSpin::kOn}, {"off", IdleSpin::kOff}};
 constexpr Names<ProgressMode> kProgressModes = {{"auto", ProgressMode::kAuto},
                                                 {"bar", ProgressMode::kBar},
                                                 {"lines", ProgressMode::kLines},
@@ -336,10 +334,6 @@ void declare_distributed(SectionBuilder<Config, DistributedConfig> d) {
           "Plain allreduce before this global step (PyTorch's start_powerSGD_iter).");
   p.field("min_compression_rate", &D::PowerSgd::min_compression_rate, 2.0, Range{0.0, 1e9},
           "Compress a tensor only if its factors are this many times smaller.");
-  d.field("idle_spin", &D::idle_spin, IdleSpin::kAuto, kIdleSpins,
-          "Idle-priority threads keep the rank's cores running while it waits for its peers (a halted "
-          "core of a VM resumes late); `auto`: on for CPU runs of more than one rank, unless a cgroup "
-          "rations the CPU time.");
   d.field("stall_warning_s", &D::stall_warning_s, 60.0, Range{0.0, 1e9},
           "Warn about a collective this late; 0: off.");
   d.field("stall_abort_s", &D::stall_abort_s, kStallAbortAuto, kStallAbort,

@@ -24,7 +24,6 @@ enum class CommBackend { kAuto, kNccl, kMpi };  // kAuto: NCCL on GPUs, MPI on C
 enum class LossKind { kCrossEntropy, kMse };
 enum class OnCheckpointError { kStop, kWarn };  // what a failed checkpoint write does to the run
 enum class OnBadSample { kError, kSkip };       // what a corrupt image or a bad label does to the run
-enum class IdleSpin { kAuto, kOn, kOff };       // kAuto: on for CPU runs of more than one rank
 
 // The config spellings ("fashion_mnist", "mse", "adamw", ...).
 std::string to_string(DeviceKind kind);
@@ -121,21 +120,10 @@ struct DistributedConfig {
     int64_t start_step{};  // plain allreduce before this global step (PyTorch's start_powerSGD_iter)
     double min_compression_rate{};
   } powersgd;
-  // Idle-priority threads keep the rank's cores running while it waits for peers
-  // (distributed/idle_spin.h).
-  IdleSpin idle_spin{};
   double stall_warning_s{};
   double stall_abort_s{};  // 0: never; kStallAbortAuto: by backend (stall_abort_seconds)
   std::string timeline;    // Chrome-trace JSON written here (by rank 0, all ranks' tracks); "" = off
 };
-
-// Whether a run keeps its cores running while it waits (distributed.idle_spin): by default where
-// ranks wait for each other on the CPU, unless the CPU time is rationed (distributed/idle_spin.h).
-// On a GPU the host waits for the device, not for its peers.
-inline bool spins_while_idle(const DistributedConfig& d, bool on_host, int ranks, bool cpu_time_rationed) {
-  return d.idle_spin == IdleSpin::kOn ||
-         (d.idle_spin == IdleSpin::kAuto && on_host && ranks > 1 && !cpu_time_rationed);
-}
 
 // The stall abort in seconds for a communicator: the configured one, or by default 600 s for NCCL
 // (a dead peer otherwise hangs its GPU collectives forever; PyTorch's NCCL timeout is 10 minutes)

@@ -24,13 +24,11 @@ std::string format_bytes(double bytes) {
 }  // namespace
 
 void print_summary(const Config& config, const RunSummary& s) {
-  const std::string spinners =
-      s.idle_spinners > 0 ? " and " + std::to_string(s.idle_spinners) + " idle spinner(s)" : "";
   std::printf(
-      "dptrain: %d rank(s) on %d host(s), %d thread(s)%s per rank%s; parameters identical on %d rank(s) "
-      "(checksum %016llx)\n",
-      s.ranks, s.hosts, s.threads, spinners.c_str(),
-      s.device == "cpu" ? "" : (", device " + s.device).c_str(), s.ranks,
+      "dptrain: %d rank(s) on %d host(s), %d thread(s) per rank%s; parameters identical on %d rank(s) "
+      "(checksum "
+      "%016llx)\n",
+      s.ranks, s.hosts, s.threads, s.device == "cpu" ? "" : (", device " + s.device).c_str(), s.ranks,
       static_cast<unsigned long long>(s.parameters_checksum));
   std::printf("model: %lld parameters\n%s", static_cast<long long>(s.parameters),
               s.model_description.c_str());

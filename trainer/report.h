@@ -15,7 +15,6 @@ namespace dptrain::trainer {
 // Facts about a run gathered at start-up, for its summary.
 struct RunSummary {
   int ranks = 1, hosts = 1, threads = 1;
-  int idle_spinners = 0;  // per rank (distributed.idle_spin)
   std::string device;
   uint64_t parameters_checksum = 0;
   int64_t parameters = 0;

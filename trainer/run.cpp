@@ -237,15 +237,6 @@ Trainer::Trainer(const Config& config, const distributed::World& world)
       fault_(InjectedFault::from_environment()),
       checkpoints_(config.checkpoint, world.rank(), fault_) {
   check_data_fits(config, *model_, *train_set_, *test_set_, sampler_, world);
-  if (spins_while_idle(config.distributed, device_.is_host(), world.size(),
-                       !distributed::cpu_time_ration().empty())) {
-    idle_spinners_ = std::make_unique<distributed::IdleSpinners>(omp_get_max_threads());
-    if (!idle_spinners_->why_not().empty() && config.distributed.idle_spin == IdleSpin::kOn)
-      std::fprintf(stderr,
-                   "dptrain: rank %d: distributed.idle_spin is on, but %s; this rank's cores may halt while "
-                   "it waits for its peers\n",
-                   world.rank(), idle_spinners_->why_not().c_str());
-  }
   train_loader_ = std::make_unique<data::BatchLoader>(
       *train_set_, loader_options(config, *train_set_, world, device_, true));
   test_loader_ = std::make_unique<data::BatchLoader>(
@@ -545,7 +536,6 @@ RunSummary Trainer::summary() const {
   return {.ranks = world_.size(),
           .hosts = world_.hosts(),
           .threads = omp_get_max_threads(),
-          .idle_spinners = idle_spinners_ ? idle_spinners_->running() : 0,
           .device = device_.str(),
           .parameters_checksum = checksum_,
           .parameters = layers::parameter_count(*model_),

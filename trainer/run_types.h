@@ -86,10 +86,10 @@ struct BenchmarkResult {
   int64_t parameters = 0;
   std::vector<int64_t> bucket_bytes;  // the gradient buckets, in launch order
   double backward_fraction = 0;       // share of compute spent in backward (what overlap can hide behind)
-  // CPU time of the process (every thread: the step's and communication's; not the idle spinners')
-  // per timed step, mean over the ranks. Against step_times.total it separates work from waiting: a
-  // rank that waits for a slower peer adds wall time but no CPU time. On a GPU it includes the host's
-  // wait for the device, which CUDA may spend spinning.
+  // CPU time of the process (every thread: the step's and communication's) per timed step, mean over
+  // the ranks. Against step_times.total it separates work from waiting: a rank that waits for a slower
+  // peer adds wall time but no CPU time. On a GPU it includes the host's wait for the device, which
+  // CUDA may spend spinning.
   double cpu_seconds_per_step = 0;
   // 2 FLOPs x 3 (forward, backward's input and weight gradients) x the model's multiply-adds per
   // sample (layers::Module::multiply_adds), the usual count (it includes the first layer's input

@@ -16,7 +16,6 @@
 #include "distributed/communicator.h"
 #include "distributed/exact_sum.h"
 #include "distributed/gradient_sync.h"
-#include "distributed/idle_spin.h"
 #include "distributed/world.h"
 #include "layers/module.h"
 #include "optim/optimizer.h"
@@ -129,10 +128,9 @@ class Trainer {
   const Config& config_;
   const distributed::World& world_;
   Device device_;
-  std::unique_ptr<distributed::Communicator> comm_;           // host memory: metrics, checks, the timeline
-  std::unique_ptr<distributed::Communicator> device_comm_;    // the device's buffers; null on the CPU
-  distributed::Communicator* state_comm_;                     // the one for parameters and gradients
-  std::unique_ptr<distributed::IdleSpinners> idle_spinners_;  // distributed.idle_spin; null when off
+  std::unique_ptr<distributed::Communicator> comm_;         // host memory: metrics, checks, the timeline
+  std::unique_ptr<distributed::Communicator> device_comm_;  // the device's buffers; null on the CPU
+  distributed::Communicator* state_comm_;                   // the one for parameters and gradients
   std::unique_ptr<layers::Sequential> model_;  // built first: synthetic data takes its classes from it
   std::unique_ptr<data::Dataset> train_set_, test_set_;
   const bool deterministic_;  // distributed.deterministic

@@ -93,33 +93,6 @@ TEST(ParseConfig, DefaultsForAMinimalConfig) {
   EXPECT_EQ(out.checkpoint.keep, 3);
 }
 
-// Idle spinners run where ranks wait for each other on the CPU, unless the config says otherwise: not
-// for one rank (no peer to wait for), not on a GPU (the host waits for the device), not where a cgroup
-// rations the CPU time (they would spend it).
-TEST(ParseConfig, IdleSpinByDefaultOnlyForSeveralRanksOnTheCpu) {
-  const auto spins = [](const char* setting, bool on_host, int ranks, bool rationed = false) {
-    const std::string distributed =
-        setting ? std::string(R"(, "distributed": {"idle_spin": ")") + setting + "\"}" : "";
-    const Config c = parse_config(
-        Json::parse(R"({"model": {"input_shape": [4], "layers": [{"type": "relu"}]})" + distributed + "}"));
-    return spins_while_idle(c.distributed, on_host, ranks, rationed);
-  };
-  EXPECT_TRUE(spins(nullptr, true, 2));
-  EXPECT_TRUE(spins("auto", true, 4));
-  EXPECT_FALSE(spins(nullptr, true, 1));
-  EXPECT_FALSE(spins(nullptr, false, 2));
-  EXPECT_FALSE(spins(nullptr, true, 2, /*rationed=*/true));
-  for (const bool on_host : {true, false})
-    for (const int ranks : {1, 2})
-      for (const bool rationed : {false, true}) {
-        EXPECT_TRUE(spins("on", on_host, ranks, rationed));
-        EXPECT_FALSE(spins("off", on_host, ranks, rationed));
-      }
-  expect_config_error(Json::parse(R"({"model": {"input_shape": [4], "layers": [{"type": "relu"}]},
-                                      "distributed": {"idle_spin": true}})"),
-                      {"distributed.idle_spin"});
-}
-
 // A dead peer hangs NCCL's collectives forever: by default they are aborted after 600 s (PyTorch's
 // timeout); MPI's cannot be cancelled, so by default it only warns. An explicit value is kept.
 TEST(ParseConfig, StallAbortDefaultsByBackend) {
