@@ -119,6 +119,14 @@ class Backend {
   // runs, where copy_from_host() into a buffer of the running step would wait for that step. The
   // default: allocate(), then copy_from_host().
   virtual void* upload(const void* host_src, std::size_t bytes);
+  // Host memory that upload() reads in place, for buffers uploaded again and again (the loader's
+  // batch slots): page-locked on a GPU, whose copy engine then reads it while the host goes on, so
+  // that no thread of the step copies the batch into staging first. Such memory may be rewritten
+  // once wait_for_uploads() has returned. The default: aligned host memory, uploads that have read
+  // their source when they return.
+  virtual void* allocate_host(std::size_t bytes);
+  virtual void release_host(void* pointer);
+  virtual void wait_for_uploads() {}
   // Returns once the bytes are on the host (after all work queued before it).
   virtual void copy_to_host(void* host_dst, const void* src, std::size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;  // both on this device

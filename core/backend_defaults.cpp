@@ -2,6 +2,7 @@
 // buffers from the storage cache (a file of its own because Storage sits above core/backend.h), and
 // the flag and metric ops computed on the host.
 #include <algorithm>
+#include <new>
 #include <vector>
 
 #include "core/backend.h"
@@ -61,6 +62,14 @@ void* Backend::upload(const void* host_src, std::size_t bytes) {
     throw;
   }
   return p;
+}
+
+void* Backend::allocate_host(std::size_t bytes) {
+  return ::operator new (bytes, std::align_val_t{64});
+}
+
+void Backend::release_host(void* pointer) {
+  ::operator delete (pointer, std::align_val_t{64});
 }
 
 void Backend::mark_non_finite(const float* x, int64_t n, int32_t* flag, int32_t value) {

@@ -39,6 +39,7 @@ void CudaBackend::create_resources() {
   DPTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
   DPTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&upload_stream_, cudaStreamNonBlocking));
   DPTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming));
+  DPTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&in_place_upload_done_, cudaEventDisableTiming));
   for (Pinned* p : {&upload_[0], &upload_[1], &batch_upload_[0], &batch_upload_[1], &download_})
     DPTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming));
   // Keep what is freed: a steady-state step then reuses the pool's blocks and never asks the driver.
@@ -80,8 +81,10 @@ void CudaBackend::destroy_resources() {
     if (p->done) cudaEventDestroy(p->done);
     p->done = nullptr;
   }
-  if (compute_ready_) cudaEventDestroy(compute_ready_);
-  compute_ready_ = nullptr;
+  for (cudaEvent_t* event : {&compute_ready_, &in_place_upload_done_}) {
+    if (*event) cudaEventDestroy(*event);
+    *event = nullptr;
+  }
   // Blocks still allocated (a batch tensor outliving the backend) defer the pool's end to their free.
   if (upload_pool_) cudaMemPoolDestroy(upload_pool_);
   upload_pool_ = nullptr;
@@ -242,18 +245,60 @@ void* CudaBackend::upload(const void* host_src, std::size_t bytes) {
     cudaGetLastError();  // out of memory is not sticky
     return Backend::upload(host_src, bytes);
   }
-  Pinned& slot = batch_upload_[next_batch_upload_];
   try {
-    void* staging = stage(batch_upload_, next_batch_upload_, host_src, bytes);
-    DPTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, staging, bytes, cudaMemcpyHostToDevice, upload_stream_));
-    DPTRAIN_CUDA_CHECK(cudaEventRecord(slot.done, upload_stream_));
-    DPTRAIN_CUDA_CHECK(cudaStreamWaitEvent(compute_, slot.done, 0));
+    // Page-locked memory of allocate_host()'s is read in place: the host thread copies nothing, and
+    // its owner rewrites it only after wait_for_uploads().
+    cudaEvent_t done = in_place_upload_done_;
+    const void* source = host_src;
+    if (!in_host_block(host_src, bytes)) {
+      done = batch_upload_[next_batch_upload_].done;
+      source = stage(batch_upload_, next_batch_upload_, host_src, bytes);
+    }
+    DPTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, source, bytes, cudaMemcpyHostToDevice, upload_stream_));
+    DPTRAIN_CUDA_CHECK(cudaEventRecord(done, upload_stream_));
+    DPTRAIN_CUDA_CHECK(cudaStreamWaitEvent(compute_, done, 0));
   } catch (...) {
     cudaFreeAsync(dst, upload_stream_);
     throw;
   }
   DPTRAIN_CUDA_SYNC_POINT("upload (cudaMemcpyAsync on the upload stream)");
   return dst;
+}
+
+void* CudaBackend::allocate_host(std::size_t bytes) {
+  make_current();
+  void* p = nullptr;
+  DPTRAIN_CUDA_CHECK(cudaMallocHost(&p, std::max<std::size_t>(bytes, 1)));
+  std::lock_guard lock(host_blocks_mutex_);
+  host_blocks_.emplace(static_cast<const char*>(p), bytes);
+  return p;
+}
+
+void CudaBackend::release_host(void* pointer) {
+  if (pointer == nullptr) return;
+  make_current();
+  {
+    std::lock_guard lock(host_blocks_mutex_);
+    host_blocks_.erase(static_cast<const char*>(pointer));
+  }
+  // A copy may still read it. Called by destructors, so nothing is thrown: a device that fails
+  // here failed earlier, and the call that saw it first has reported it.
+  if (cudaEventSynchronize(in_place_upload_done_) != cudaSuccess || cudaFreeHost(pointer) != cudaSuccess)
+    cudaGetLastError();
+}
+
+void CudaBackend::wait_for_uploads() {
+  make_current();
+  DPTRAIN_CUDA_CHECK(cudaEventSynchronize(in_place_upload_done_));
+}
+
+bool CudaBackend::in_host_block(const void* host_src, std::size_t bytes) {
+  const char* begin = static_cast<const char*>(host_src);
+  std::lock_guard lock(host_blocks_mutex_);
+  auto block = host_blocks_.upper_bound(begin);
+  if (block == host_blocks_.begin()) return false;
+  --block;
+  return begin + bytes <= block->first + block->second;
 }
 
 void CudaBackend::copy_to_host(void* host_dst, const void* src, std::size_t bytes) {

@@ -6,7 +6,8 @@
 // compute work queued before them and before the work queued after. upload() (a batch) has a stream,
 // a pair of pinned buffers and a memory pool of its own, so that its copy waits only for the release
 // of an earlier upload, not for the compute queued before it (nor, through the copy stream's order,
-// for a label copy that waits for it): the next batch's copy overlaps the step before. Memory is
+// for a label copy that waits for it): the next batch's copy overlaps the step before, and reads a
+// loader slot of allocate_host()'s in place instead of through the pinned pair. Memory is
 // stream-ordered (cudaMallocAsync on a pool that keeps what is freed), so a steady-state step calls
 // the driver's allocator zero times and a block is reused only in stream order.
 // Internal to cuda/: the trainer reaches it through backend_for(Device::cuda(i)).
@@ -15,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <tuple>
 #include <vector>
 
@@ -54,6 +56,9 @@ class CudaBackend final : public Backend {
   void release(void* pointer, std::size_t bytes) override;
   void copy_from_host(void* dst, const void* host_src, std::size_t bytes) override;
   void* upload(const void* host_src, std::size_t bytes) override;
+  void* allocate_host(std::size_t bytes) override;
+  void release_host(void* pointer) override;
+  void wait_for_uploads() override;
   void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override;
   void copy(void* dst, const void* src, std::size_t bytes) override;
   void fill(float* dst, int64_t n, float value) override;
@@ -150,6 +155,8 @@ class CudaBackend final : public Backend {
   // of host memory.
   void* stage(Pinned (&pair)[2], int& next, const void* host_src, std::size_t bytes);
   const int32_t* upload_labels(std::span<const int32_t> labels);
+  // Whether [host_src, host_src + bytes) lies in one block of allocate_host()'s.
+  bool in_host_block(const void* host_src, std::size_t bytes);
 
   struct ConvPlan;  // descriptors and algorithms of one convolution shape
   ConvPlan& conv_plan(const Conv2dGeometry& g);
@@ -170,6 +177,10 @@ class CudaBackend final : public Backend {
   Pinned upload_[2], batch_upload_[2], download_;
   int next_upload_ = 0, next_batch_upload_ = 0;
   cudaMemPool_t upload_pool_ = nullptr;  // upload()'s blocks, allocated in upload_stream_'s order
+  // allocate_host()'s blocks by address, and the last upload() that read one in place.
+  std::mutex host_blocks_mutex_;
+  std::map<const char*, std::size_t> host_blocks_;
+  cudaEvent_t in_place_upload_done_ = nullptr;
   int pinned_allocations_ = 0;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int>,
            std::unique_ptr<ConvPlan>>

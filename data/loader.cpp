@@ -57,6 +57,7 @@ BatchLoader::~BatchLoader() {
 }
 
 void BatchLoader::start(int64_t epoch, std::vector<std::span<const int64_t>> batches) {
+  wait_for_readers();
   std::unique_lock lock(mutex_);
   queue_.clear();
   // Chunks a worker already holds still write into their slots: wait for them before reusing any.
@@ -81,7 +82,19 @@ BatchLoader::Slot& BatchLoader::prepare(int64_t batch) {
   const int64_t samples = static_cast<int64_t>(batches_[static_cast<std::size_t>(batch)].size());
   slot.batch = batch;
   slot.error = nullptr;
-  slot.inputs.resize(static_cast<std::size_t>(samples * dataset_.sample_numel()));
+  const std::size_t inputs = static_cast<std::size_t>(samples * dataset_.sample_numel());
+  if (inputs > slot.inputs_capacity) {
+    slot.inputs.reset();
+    slot.inputs_capacity = 0;
+    const SlotMemory& memory = options_.slot_memory;
+    slot.inputs =
+        memory.allocate
+            ? std::unique_ptr<float[], ReleaseInputs>(
+                  static_cast<float*>(memory.allocate(inputs * sizeof(float))), ReleaseInputs{&memory})
+            : std::unique_ptr<float[], ReleaseInputs>(new float[inputs], ReleaseInputs{});
+    slot.inputs_capacity = inputs;
+  }
+  slot.inputs_size = inputs;
   slot.labels.resize(static_cast<std::size_t>(samples));
   slot.targets.resize(static_cast<std::size_t>(samples * dataset_.target_width()));
   return slot;
@@ -104,6 +117,8 @@ BatchView BatchLoader::take() {
   DPTRAIN_CHECK(next_take_ < static_cast<int64_t>(batches_.size()), "BatchLoader: batch ", next_take_,
                 " taken, but start() gave ", batches_.size());
   const int64_t batch = next_take_++;
+  // The slot of the batch before is filled again below (the next batch ahead, or this one inline).
+  if (batch >= 1) wait_for_readers();
   const std::span<const int64_t> indices = batches_[static_cast<std::size_t>(batch)];
   Slot* slot = &slots_[static_cast<std::size_t>(batch) % slots_.size()];
   if (threads_.empty()) {
@@ -120,7 +135,22 @@ BatchView BatchLoader::take() {
     if (slot->error) std::rethrow_exception(slot->error);
   }
   const int64_t samples = static_cast<int64_t>(indices.size());
-  return {.samples = samples, .inputs = slot->inputs, .labels = slot->labels, .targets = slot->targets};
+  return {.samples = samples,
+          .inputs = {slot->inputs.get(), slot->inputs_size},
+          .labels = slot->labels,
+          .targets = slot->targets};
+}
+
+void BatchLoader::ReleaseInputs::operator()(float* inputs) const {
+  if (memory == nullptr) {
+    delete[] inputs;
+  } else {
+    memory->release(inputs);
+  }
+}
+
+void BatchLoader::wait_for_readers() const {
+  if (options_.slot_memory.wait_for_readers) options_.slot_memory.wait_for_readers();
 }
 
 BadSampleCount BatchLoader::take_bad_samples() {
@@ -164,7 +194,7 @@ void BatchLoader::read_chunk(Slot& slot, std::span<const int64_t> indices, int64
   const int64_t numel = dataset_.sample_numel(), width = dataset_.target_width();
   scratch.resize(static_cast<std::size_t>(numel));
   for (int64_t i = begin; i < end; ++i)
-    read_sample(indices[static_cast<std::size_t>(i)], slot.inputs.data() + i * numel, slot.labels.data() + i,
+    read_sample(indices[static_cast<std::size_t>(i)], slot.inputs.get() + i * numel, slot.labels.data() + i,
                 width > 0 ? slot.targets.data() + i * width : nullptr, scratch);
 }
 

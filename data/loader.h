@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -18,6 +20,16 @@
 
 namespace dptrain::data {
 
+// Where the batch slots' inputs live. On a GPU: page-locked memory that the device copies from in
+// place while the step before still runs (Backend::allocate_host), so the batch is written once, by
+// the worker that reads it. Functions left empty: plain memory, read by the time take() returns.
+struct SlotMemory {
+  std::function<void*(std::size_t bytes)> allocate;  // 64-byte aligned
+  std::function<void(void*)> release;
+  // Returns once nothing reads a batch taken earlier: called before its slot is filled again.
+  std::function<void()> wait_for_readers;
+};
+
 struct LoaderOptions {
   int workers = 0;   // threads; 0 reads on the calling thread when take() asks
   int prefetch = 2;  // batches read ahead of the one the step holds (with workers)
@@ -28,6 +40,7 @@ struct LoaderOptions {
   // A BadSample is replaced by the next good sample (index + 1, + 2, ... wrapping) and counted,
   // instead of stopping the run.
   bool skip_bad_samples = false;
+  SlotMemory slot_memory{};
 };
 
 // One batch on the host, valid until the next take() or start().
@@ -63,11 +76,17 @@ class BatchLoader {
   const Dataset& dataset() const { return dataset_; }
 
  private:
+  struct ReleaseInputs {
+    const SlotMemory* memory;  // null: new[] (value-initialised by unique_ptr)
+    void operator()(float* inputs) const;
+  };
   struct Slot {
     int64_t batch = -1;   // position in the list, -1: free
     int64_t pending = 0;  // chunks not yet read
     std::exception_ptr error;
-    std::vector<float> inputs, targets;
+    std::unique_ptr<float[], ReleaseInputs> inputs;  // capacity floats, of which the batch's size
+    std::size_t inputs_size = 0, inputs_capacity = 0;
+    std::vector<float> targets;
     std::vector<int32_t> labels;
   };
   struct Chunk {
@@ -81,6 +100,7 @@ class BatchLoader {
                   std::vector<float>& scratch);
   void read_sample(int64_t index, float* input, int32_t* label, float* target, std::vector<float>& scratch);
   void work();
+  void wait_for_readers() const;
 
   const Dataset& dataset_;
   const LoaderOptions options_;

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "core/autograd.h"
+#include "core/backend.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/safetensors.h"
@@ -80,6 +81,13 @@ std::vector<float> per_channel(const Json& value) {
   return out;
 }
 
+// A GPU's batches are read into memory it copies from in place (Backend::allocate_host).
+data::SlotMemory slot_memory_of(Backend& backend) {
+  return {.allocate = [&backend](std::size_t bytes) { return backend.allocate_host(bytes); },
+          .release = [&backend](void* pointer) { backend.release_host(pointer); },
+          .wait_for_readers = [&backend] { backend.wait_for_uploads(); }};
+}
+
 data::LoaderOptions loader_options(const Config& c, const data::Dataset& dataset,
                                    const distributed::World& world, Device device, bool train) {
   const DataConfig& d = c.data;
@@ -94,7 +102,8 @@ data::LoaderOptions loader_options(const Config& c, const data::Dataset& dataset
                                                  .horizontal_flip = d.augment.horizontal_flip}
                             : data::Augmentation{},
       .seed = c.seed,
-      .skip_bad_samples = d.on_bad_sample == OnBadSample::kSkip};
+      .skip_bad_samples = d.on_bad_sample == OnBadSample::kSkip,
+      .slot_memory = device.is_host() ? data::SlotMemory{} : slot_memory_of(backend_for(device))};
 }
 
 std::string describe_loader(const Config& c, const data::BatchLoader& loader) {

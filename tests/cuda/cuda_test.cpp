@@ -195,6 +195,34 @@ TEST(CudaBackendMemory, UploadsReuseABlockOnlyAfterItsLastReader) {
   b.release(big_copy, 0);
 }
 
+// The loader's slots (allocate_host) are uploaded from in place, not through the pinned staging
+// buffers, and may be rewritten once wait_for_uploads() returns, even while the compute stream is
+// still busy with work queued before the upload.
+TEST(CudaBackendMemory, HostBlocksAreUploadedInPlaceAndRewritableAfterTheWait) {
+  REQUIRE_GPU();
+  CudaBackend& b = gpu();
+  constexpr std::size_t kFloats = 6000001, kBytes = kFloats * sizeof(float);
+  void* big = b.allocate(64 * kBytes);
+  void* big_copy = b.allocate(64 * kBytes);
+  float* host = static_cast<float*>(b.allocate_host(kBytes + sizeof(float)));
+  const std::vector<float> batch = test_util::uniform_values(kFloats, 7);
+  std::copy(batch.begin(), batch.end(), host + 1);  // a range inside the block, not its start
+  const int staging_before = b.pinned_allocations();
+  b.copy(big_copy, big, 64 * kBytes);  // keeps the compute stream busy
+  void* uploaded = b.upload(host + 1, kBytes);
+  b.wait_for_uploads();
+  std::fill(host, host + kFloats + 1, -1.0f);
+  EXPECT_EQ(b.pinned_allocations(), staging_before) << "the upload was staged, not read in place";
+  std::vector<float> back(kFloats);
+  b.copy_to_host(back.data(), uploaded, kBytes);
+  EXPECT_EQ(back, batch);
+  b.release(uploaded, kBytes);
+  b.release_host(host);
+  b.release_host(nullptr);
+  b.release(big, 0);
+  b.release(big_copy, 0);
+}
+
 // Uploads that grow a little each time (an epoch's batches after a smaller one, evaluation) grow
 // the pinned staging buffers geometrically: each allocation synchronizes the device.
 TEST(CudaBackendMemory, GrowingUploadsAllocatePinnedMemoryRarely) {

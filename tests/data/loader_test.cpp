@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+#include <new>
 #include <set>
 #include <string>
 #include <vector>
@@ -72,6 +75,69 @@ TEST(BatchLoader, GathersTheListedSamplesInOrderWithAnyWorkersAndReadAhead) {
       loader.start(1, {kBatches[2]});
       static_cast<void>(loader.take());
       EXPECT_EQ(read_all(loader, 2, kBatches), expected);
+    }
+}
+
+// What a GPU's in-place upload needs: the inputs live in SlotMemory's blocks, and a batch's slot is
+// filled again only after wait_for_readers(), here an asynchronous reader that checks, when asked to
+// finish, that the batches it still reads are unchanged.
+TEST(BatchLoader, InputsLiveInSlotMemoryAndASlotIsRefilledOnlyAfterItsReadersFinish) {
+  const InMemoryDataset ds = numbered(8, {3}, /*is_image=*/false);
+  for (const int workers : {0, 1, 3})
+    for (const int prefetch : {1, 2}) {
+      std::map<void*, std::size_t> blocks;
+      int released = 0, waits = 0;
+      struct Reading {
+        std::span<const float> memory;
+        std::vector<float> when_taken;
+      };
+      std::vector<Reading> reading;
+      const SlotMemory memory{.allocate =
+                                  [&](std::size_t bytes) {
+                                    void* p = ::operator new (bytes, std::align_val_t{64});
+                                    blocks[p] = bytes;
+                                    return p;
+                                  },
+                              .release =
+                                  [&](void* p) {
+                                    EXPECT_EQ(blocks.erase(p), 1u);
+                                    ::operator delete (p, std::align_val_t{64});
+                                    ++released;
+                                  },
+                              .wait_for_readers =
+                                  [&] {
+                                    ++waits;
+                                    for (const Reading& r : reading)
+                                      EXPECT_TRUE(std::equal(r.memory.begin(), r.memory.end(),
+                                                             r.when_taken.begin(), r.when_taken.end()))
+                                          << "a slot was filled again while its batch was still read";
+                                    reading.clear();
+                                  }};
+      {
+        BatchLoader loader(ds, {.workers = workers, .prefetch = prefetch, .slot_memory = memory});
+        for (int64_t epoch = 0; epoch < 2; ++epoch) {
+          std::vector<std::span<const int64_t>> spans(kBatches.begin(), kBatches.end());
+          loader.start(epoch, spans);
+          for (std::size_t b = 0; b < kBatches.size(); ++b) {
+            const BatchView view = loader.take();
+            EXPECT_TRUE(reading.empty()) << "batch " << b << " taken before the one before was waited for";
+            if (!view.inputs.empty()) {
+              auto block = blocks.upper_bound(const_cast<float*>(view.inputs.data()));
+              ASSERT_NE(block, blocks.begin()) << "the inputs are not in SlotMemory's memory";
+              --block;
+              EXPECT_LE(reinterpret_cast<const char*>(view.inputs.data() + view.inputs.size()),
+                        static_cast<const char*>(block->first) + block->second);
+            }
+            for (std::size_t i = 0; i < view.inputs.size(); ++i)
+              EXPECT_EQ(view.inputs[i],
+                        100.0f * static_cast<float>(kBatches[b][i / 3]) + static_cast<float>(i % 3));
+            reading.push_back({view.inputs, {view.inputs.begin(), view.inputs.end()}});
+          }
+        }
+        EXPECT_GE(waits, 2 * static_cast<int>(kBatches.size()) - 1);
+      }
+      EXPECT_TRUE(blocks.empty()) << blocks.size() << " block(s) never released";
+      EXPECT_GE(released, 1);
     }
 }
 
