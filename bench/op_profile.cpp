@@ -67,6 +67,11 @@ class ProfilingBackend final : public Backend {
     timed("upload", "", 0, [&] { p = inner_.upload(host_src, bytes); });
     return p;
   }
+  // The loader's slots as the backend keeps them (a GPU's are uploaded in place), so that the profile
+  // times the data path that training takes.
+  void* allocate_host(std::size_t bytes) override { return inner_.allocate_host(bytes); }
+  void release_host(void* pointer) override { inner_.release_host(pointer); }
+  void wait_for_uploads() override { inner_.wait_for_uploads(); }
   void copy_to_host(void* dst, const void* src, std::size_t bytes) override {
     timed("download", "", 0, [&] { inner_.copy_to_host(dst, src, bytes); });
   }

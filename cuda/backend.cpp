@@ -250,7 +250,9 @@ void* CudaBackend::upload(const void* host_src, std::size_t bytes) {
     // its owner rewrites it only after wait_for_uploads().
     cudaEvent_t done = in_place_upload_done_;
     const void* source = host_src;
-    if (!in_host_block(host_src, bytes)) {
+    if (in_host_block(host_src, bytes)) {
+      ++in_place_uploads_;
+    } else {
       done = batch_upload_[next_batch_upload_].done;
       source = stage(batch_upload_, next_batch_upload_, host_src, bytes);
     }
@@ -268,23 +270,36 @@ void* CudaBackend::upload(const void* host_src, std::size_t bytes) {
 void* CudaBackend::allocate_host(std::size_t bytes) {
   make_current();
   void* p = nullptr;
-  DPTRAIN_CUDA_CHECK(cudaMallocHost(&p, std::max<std::size_t>(bytes, 1)));
+  // Page-locked memory is an optimisation: where the host has none left, plain memory serves and
+  // upload() stages it as any other.
+  if (cudaMallocHost(&p, std::max<std::size_t>(bytes, 1)) != cudaSuccess) {
+    cudaGetLastError();
+    return Backend::allocate_host(bytes);
+  }
   std::lock_guard lock(host_blocks_mutex_);
-  host_blocks_.emplace(static_cast<const char*>(p), bytes);
+  host_blocks_.emplace(reinterpret_cast<std::uintptr_t>(p), bytes);
   return p;
 }
 
 void CudaBackend::release_host(void* pointer) {
   if (pointer == nullptr) return;
-  make_current();
   {
     std::lock_guard lock(host_blocks_mutex_);
-    host_blocks_.erase(static_cast<const char*>(pointer));
+    if (host_blocks_.erase(reinterpret_cast<std::uintptr_t>(pointer)) == 0)
+      return Backend::release_host(pointer);
   }
-  // A copy may still read it. Called by destructors, so nothing is thrown: a device that fails
-  // here failed earlier, and the call that saw it first has reported it.
-  if (cudaEventSynchronize(in_place_upload_done_) != cudaSuccess || cudaFreeHost(pointer) != cudaSuccess)
-    cudaGetLastError();
+  // Called by destructors, also while an error unwinds: nothing is thrown, and nothing waits without
+  // end. A copy may still read the block, and freeing page-locked memory waits for the device: with
+  // the streams still busy after 2 s (a collective whose peer died, say) the block is left to the
+  // exit, as release_cached() leaves its buffers.
+  if (cudaSetDevice(index_) != cudaSuccess) return static_cast<void>(cudaGetLastError());
+  for (int waited_ms = 0; cudaEventQuery(in_place_upload_done_) == cudaErrorNotReady ||
+                          cudaStreamQuery(compute_) == cudaErrorNotReady;
+       ++waited_ms) {
+    if (waited_ms == 2000) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (cudaFreeHost(pointer) != cudaSuccess) cudaGetLastError();
 }
 
 void CudaBackend::wait_for_uploads() {
@@ -293,7 +308,7 @@ void CudaBackend::wait_for_uploads() {
 }
 
 bool CudaBackend::in_host_block(const void* host_src, std::size_t bytes) {
-  const char* begin = static_cast<const char*>(host_src);
+  const std::uintptr_t begin = reinterpret_cast<std::uintptr_t>(host_src);
   std::lock_guard lock(host_blocks_mutex_);
   auto block = host_blocks_.upper_bound(begin);
   if (block == host_blocks_.begin()) return false;

@@ -51,6 +51,8 @@ class CudaBackend final : public Backend {
   const CudaOptions& options() const { return options_; }
   // How many times a pinned staging buffer was allocated (each one synchronizes the device).
   int pinned_allocations() const { return pinned_allocations_; }
+  // How many upload() calls read a block of allocate_host()'s in place, without staging.
+  int in_place_uploads() const { return in_place_uploads_; }
 
   void* allocate(std::size_t bytes) override;
   void release(void* pointer, std::size_t bytes) override;
@@ -179,9 +181,9 @@ class CudaBackend final : public Backend {
   cudaMemPool_t upload_pool_ = nullptr;  // upload()'s blocks, allocated in upload_stream_'s order
   // allocate_host()'s blocks by address, and the last upload() that read one in place.
   std::mutex host_blocks_mutex_;
-  std::map<const char*, std::size_t> host_blocks_;
+  std::map<std::uintptr_t, std::size_t> host_blocks_;
   cudaEvent_t in_place_upload_done_ = nullptr;
-  int pinned_allocations_ = 0;
+  int pinned_allocations_ = 0, in_place_uploads_ = 0;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int>,
            std::unique_ptr<ConvPlan>>
       conv_plans_;

@@ -42,6 +42,9 @@ BatchLoader::BatchLoader(const Dataset& dataset, LoaderOptions options)
   if (options_.augmentation.any())
     DPTRAIN_CHECK(shape.size() == 3, "config keys data.augment.* need [C, H, W] samples, these are ",
                   shape_str(shape));
+  const SlotMemory& memory = options_.slot_memory;
+  DPTRAIN_CHECK(static_cast<bool>(memory.allocate) == static_cast<bool>(memory.release),
+                "BatchLoader: SlotMemory needs both allocate and release, or neither");
   slots_.resize(options_.workers > 0 ? static_cast<std::size_t>(options_.prefetch) + 1 : 1);
   for (int i = 0; i < options_.workers; ++i) threads_.emplace_back([this] { work(); });
 }
@@ -85,7 +88,7 @@ BatchLoader::Slot& BatchLoader::prepare(int64_t batch) {
   const std::size_t inputs = static_cast<std::size_t>(samples * dataset_.sample_numel());
   if (inputs > slot.inputs_capacity) {
     slot.inputs.reset();
-    slot.inputs_capacity = 0;
+    slot.inputs_size = slot.inputs_capacity = 0;
     const SlotMemory& memory = options_.slot_memory;
     slot.inputs =
         memory.allocate

@@ -192,7 +192,8 @@ void Trainer::flush_metrics(StepTotals& totals) {
 }
 
 // The loader's batch copied into tensors of the run's device: on a GPU straight from the loader's
-// slot (one copy into pinned staging, then an upload that overlaps the step before: Backend::upload).
+// slot, page-locked memory that the upload reads in place while the step before still runs
+// (Backend::allocate_host, Backend::upload).
 // Host buffers come from the storage cache, so steady-state steps do not allocate.
 void Trainer::load_batch(data::BatchLoader& loader, std::span<const int64_t> indices) {
   const data::BatchView batch = loader.take();

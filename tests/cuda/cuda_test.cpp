@@ -207,15 +207,19 @@ TEST(CudaBackendMemory, HostBlocksAreUploadedInPlaceAndRewritableAfterTheWait) {
   float* host = static_cast<float*>(b.allocate_host(kBytes + sizeof(float)));
   const std::vector<float> batch = test_util::uniform_values(kFloats, 7);
   std::copy(batch.begin(), batch.end(), host + 1);  // a range inside the block, not its start
-  const int staging_before = b.pinned_allocations();
+  const int in_place_before = b.in_place_uploads();
   b.copy(big_copy, big, 64 * kBytes);  // keeps the compute stream busy
   void* uploaded = b.upload(host + 1, kBytes);
   b.wait_for_uploads();
   std::fill(host, host + kFloats + 1, -1.0f);
-  EXPECT_EQ(b.pinned_allocations(), staging_before) << "the upload was staged, not read in place";
+  EXPECT_EQ(b.in_place_uploads(), in_place_before + 1) << "the upload was staged, not read in place";
   std::vector<float> back(kFloats);
   b.copy_to_host(back.data(), uploaded, kBytes);
   EXPECT_EQ(back, batch);
+  // Memory of anyone else's is staged: its owner may rewrite it as soon as upload() returns.
+  void* staged = b.upload(batch.data(), kBytes);
+  EXPECT_EQ(b.in_place_uploads(), in_place_before + 1);
+  b.release(staged, kBytes);
   b.release(uploaded, kBytes);
   b.release_host(host);
   b.release_host(nullptr);

@@ -139,6 +139,12 @@ TEST(BatchLoader, InputsLiveInSlotMemoryAndASlotIsRefilledOnlyAfterItsReadersFin
       EXPECT_TRUE(blocks.empty()) << blocks.size() << " block(s) never released";
       EXPECT_GE(released, 1);
     }
+  // Memory from one allocator freed by another would be undefined: both or neither.
+  const SlotMemory half{.allocate = [](std::size_t bytes) { return ::operator new(bytes); },
+                        .release = nullptr,
+                        .wait_for_readers = nullptr};
+  test_util::expect_error([&] { BatchLoader loader(ds, {.workers = 1, .slot_memory = half}); },
+                          {"SlotMemory needs both allocate and release"});
 }
 
 TEST(BatchLoader, TakingPastTheListIsAnError) {
