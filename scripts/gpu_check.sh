@@ -16,7 +16,8 @@
 #          synthetic benchmark (resnet50, 3x224x224, batch 64) against torchvision on the same GPU
 #   all    the four in turn
 #   profile  where the time goes (not in all): --profile-ops of resnet50 (batch 64, TF32) and of the
-#          MNIST CNN at batch 1024, every op synchronized; the tables in OUT/profile.log
+#          MNIST CNN at batch 1024, every op synchronized; the tables in OUT/profile.log; resnet50's
+#          step split (data, compute) with 1, 2 and 4 loader workers
 #
 # Every check runs under `timeout` with NCCL_DEBUG=WARN, logs into OUT/<step>.log, and a table of
 # PASS / FAIL / SKIP(reason) rows with times comes last (also OUT/summary.txt). Exit status 1 if any
@@ -347,6 +348,22 @@ profile_resnet50() {
   ((PIPESTATUS[0] == 0)) || return 1
   echo "=> resnet50 b64 TF32: $(profile_detail "$scratch/profile.txt" | paste -sd' ')"
 }
+# Where resnet50's `data` time goes (7.3 ms of a 36.3 ms step on the H200, 2026-11-29): unprofiled
+# runs with 1, 2 and 4 loader workers. Less `data` with more workers: the worker's gather is the
+# bottleneck; the same: the step waits for the GPU or for the upload.
+profile_resnet50_data() {
+  local split='import json,sys; r=json.load(sys.stdin); t=r["step_ms"]
+print("%.1f img/s, data %.1f ms, compute %.1f ms" % (r["img_per_sec_median"], t["data"], t["compute"]))'
+  local detail=""
+  for workers in 1 2 4; do
+    "$bundle/bin/synthetic_benchmark" --model resnet50 --batch-size 64 --num-warmup-batches 5 \
+      --num-batches-per-iter 5 --num-iters 3 --device cuda --set cuda.tf32=true --set "data.workers=$workers" |
+      tee "$scratch/data.txt"
+    ((PIPESTATUS[0] == 0)) || return 1
+    detail+="workers $workers: $(sed -n 's/^RESULT //p' "$scratch/data.txt" | python3 -c "$split"); "
+  done
+  echo "=> resnet50 b64 TF32 $detail"
+}
 profile_cnn() {
   "$bundle/bin/train_bench" --config "$bundle/configs/mnist.json" "${DATA[@]}" --set device=cuda \
     --set cuda.cudnn_benchmark=true --set 'distributed.backend="mpi"' --batch 1024 --warmup 20 --steps 50 --reps 1 \
@@ -413,6 +430,7 @@ for step in "${steps[@]}"; do
       ((gpu_ok)) || { skip_step profile "the probe failed"; continue; }
       check profile resnet50_ops 120 profile_resnet50
       check profile mnist_cnn_b1024_ops 120 profile_cnn
+      check profile resnet50_data_path 120 profile_resnet50_data
       ;;
   esac
 done
