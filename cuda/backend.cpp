@@ -98,10 +98,7 @@ void CudaBackend::release_cached() {
   // At exit: nothing useful to do with an error any more, so none is checked. A collective that
   // never finished (a peer died) may hold the streams: then nothing is freed, the exit does it.
   cudaSetDevice(index_);
-  for (int waited_ms = 0; cudaStreamQuery(compute_) == cudaErrorNotReady; ++waited_ms) {
-    if (waited_ms == 2000) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  if (!settles_within_2s(nullptr)) return;
   conv_plans_.clear();
   linear_plans_.clear();
   // Synchronous frees: the stream-ordered pool would keep the blocks, which compute-sanitizer's leak
@@ -128,6 +125,16 @@ void CudaBackend::release_cached() {
   if (upload_pool_) cudaMemPoolTrimTo(upload_pool_, 0);
   cudaMemPool_t pool;
   if (cudaDeviceGetDefaultMemPool(&pool, index_) == cudaSuccess) cudaMemPoolTrimTo(pool, 0);
+}
+
+bool CudaBackend::settles_within_2s(cudaEvent_t event) const {
+  for (int waited_ms = 0; (event && cudaEventQuery(event) == cudaErrorNotReady) ||
+                          cudaStreamQuery(compute_) == cudaErrorNotReady;
+       ++waited_ms) {
+    if (waited_ms == 2000) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
 }
 
 // Every entry point runs with this backend's GPU current on the calling thread: a process may drive
@@ -293,12 +300,7 @@ void CudaBackend::release_host(void* pointer) {
   // the streams still busy after 2 s (a collective whose peer died, say) the block is left to the
   // exit, as release_cached() leaves its buffers.
   if (cudaSetDevice(index_) != cudaSuccess) return static_cast<void>(cudaGetLastError());
-  for (int waited_ms = 0; cudaEventQuery(in_place_upload_done_) == cudaErrorNotReady ||
-                          cudaStreamQuery(compute_) == cudaErrorNotReady;
-       ++waited_ms) {
-    if (waited_ms == 2000) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  if (!settles_within_2s(in_place_upload_done_)) return;
   if (cudaFreeHost(pointer) != cudaSuccess) cudaGetLastError();
 }
 

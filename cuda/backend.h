@@ -135,6 +135,9 @@ class CudaBackend final : public Backend {
     std::size_t bytes = 0;
   };
   void make_current() const;
+  // Whether the compute stream (and `event`, where given) finished within 2 s: releases at exit and
+  // while an error unwinds wait that long, no longer, for work a dead peer may never let finish.
+  bool settles_within_2s(cudaEvent_t event) const;
   // The streams, events, pools and library handles: made by the constructor, released by the
   // destructor, and by the constructor itself when one of them fails (no destructor runs then).
   void create_resources();

@@ -88,7 +88,7 @@ BatchLoader::Slot& BatchLoader::prepare(int64_t batch) {
   const std::size_t inputs = static_cast<std::size_t>(samples * dataset_.sample_numel());
   if (inputs > slot.inputs_capacity) {
     slot.inputs.reset();
-    slot.inputs_size = slot.inputs_capacity = 0;
+    slot.inputs_capacity = 0;
     const SlotMemory& memory = options_.slot_memory;
     slot.inputs =
         memory.allocate
@@ -97,7 +97,6 @@ BatchLoader::Slot& BatchLoader::prepare(int64_t batch) {
             : std::unique_ptr<float[], ReleaseInputs>(new float[inputs], ReleaseInputs{});
     slot.inputs_capacity = inputs;
   }
-  slot.inputs_size = inputs;
   slot.labels.resize(static_cast<std::size_t>(samples));
   slot.targets.resize(static_cast<std::size_t>(samples * dataset_.target_width()));
   return slot;
@@ -139,7 +138,7 @@ BatchView BatchLoader::take() {
   }
   const int64_t samples = static_cast<int64_t>(indices.size());
   return {.samples = samples,
-          .inputs = {slot->inputs.get(), slot->inputs_size},
+          .inputs = {slot->inputs.get(), static_cast<std::size_t>(samples * dataset_.sample_numel())},
           .labels = slot->labels,
           .targets = slot->targets};
 }

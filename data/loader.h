@@ -84,8 +84,8 @@ class BatchLoader {
     int64_t batch = -1;   // position in the list, -1: free
     int64_t pending = 0;  // chunks not yet read
     std::exception_ptr error;
-    std::unique_ptr<float[], ReleaseInputs> inputs;  // capacity floats, of which the batch's size
-    std::size_t inputs_size = 0, inputs_capacity = 0;
+    std::unique_ptr<float[], ReleaseInputs> inputs;  // capacity floats, of which the batch's samples'
+    std::size_t inputs_capacity = 0;
     std::vector<float> targets;
     std::vector<int32_t> labels;
   };
