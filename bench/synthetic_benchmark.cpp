@@ -1,10 +1,13 @@
 // Horovod's pytorch_synthetic_benchmark.py in this trainer: a named model (torchvision's ResNets,
 // resnet20) trained with SGD on one fixed batch of random images per rank, timed as Horovod times it
-// (warm-up batches, then iterations of several batches each), through the trainer's own step (data,
-// forward, backward, bucketed allreduce, optimizer). Prints img/sec per rank per iteration, their
+// (warm-up batches, then iterations of several batches each), through the trainer's own step
+// (forward, backward, bucketed allreduce, optimizer). As in Horovod's, the batch is made once and
+// stays where the model runs (on a GPU: no upload per step); --data-path gathers and uploads it
+// through the loader every step instead, the same math. Prints img/sec per rank per iteration, their
 // mean +- 1.96 standard deviations, and the total over the ranks; the last line is RESULT {json}.
 //
 //   build/bench/synthetic_benchmark --model resnet50 --batch-size 32
+//   build/bench/synthetic_benchmark --model resnet50 --batch-size 64 --device cuda --data-path
 //   mpirun -np 2 build/bench/synthetic_benchmark --model resnet18 --input-shape 3,64,64 --threads 1
 //   ... --set distributed.sync_batchnorm=true --set device=cuda   (any config key)
 //   ... --profile-ops [--gemm-gflops 145]   (where the timed steps' time goes, per op and conv shape,
@@ -62,6 +65,10 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "CPU threads per rank (0: cores / ranks on this host)")
       ->capture_default_str();
   app.add_option("--device", device, "cpu | cuda | auto")->capture_default_str();
+  bool data_path = false;
+  app.add_flag("--data-path", data_path,
+               "load every step's batch through the trainer's loader (gather, and upload to a GPU) instead "
+               "of keeping the first one where the model runs, as Horovod's benchmark does");
   bool profile_ops = false;
   double gemm_gflops = 0;
   app.add_flag("--profile-ops", profile_ops,
@@ -102,11 +109,12 @@ int main(int argc, char** argv) {
     if (profile_ops) {
       bench::profile_kernels(config, world, profile);
     }
-    const trainer::BenchmarkResult r = trainer::benchmark(
-        config, world,
-        {.warmup_steps = warmup, .timed_steps = per_iter, .repetitions = iters, .before_timed_steps = [&] {
-           profile.reset();
-         }});
+    const trainer::BenchmarkResult r = trainer::benchmark(config, world,
+                                                          {.warmup_steps = warmup,
+                                                           .timed_steps = per_iter,
+                                                           .repetitions = iters,
+                                                           .before_timed_steps = [&] { profile.reset(); },
+                                                           .fixed_batch = !data_path});
     if (world.is_root()) {
       std::printf("Running benchmark...\n");
       std::vector<double> per_rank;
@@ -141,7 +149,9 @@ int main(int argc, char** argv) {
                        {"communication", 1e3 * r.step_times.communication},
                        {"optimizer", 1e3 * r.step_times.optimizer},
                        {"total", 1e3 * r.step_times.total}}},
-                     {"cpu_ms_per_step", 1e3 * r.cpu_seconds_per_step}};
+                     {"cpu_ms_per_step", 1e3 * r.cpu_seconds_per_step},
+                     {"data_path", data_path},
+                     {"mean_loss", r.mean_loss}};
       if (profile_ops) {
         profile.print(per_iter * iters, r.step_times.total * per_iter * iters, gemm_gflops * 1e9);
         result["profile"] = profile.summary(per_iter * iters);

@@ -313,7 +313,9 @@ mnist_against_pytorch() {
 }
 resnet50_against_torchvision() {
   # Twice: with TF32 convolutions (PyTorch's default: torch.backends.cudnn.allow_tf32; ours:
-  # cuda.tf32) and in plain fp32 on both sides. The goal is met on the first pair.
+  # cuda.tf32) and in plain fp32 on both sides. The goal is met on the first pair. Both sides train
+  # on one batch made once on the GPU, as Horovod's benchmark does (profile's resnet50_data_path
+  # times our loader and upload every step).
   local flags=(--model resnet50 --batch-size 64 --num-warmup-batches 5 --num-batches-per-iter 5 --num-iters 5)
   local median='import json,sys; print(round(json.load(sys.stdin)["img_per_sec_median"], 1))' summary="" ratio=""
   for math in tf32 fp32; do
@@ -349,18 +351,22 @@ profile_resnet50() {
   echo "=> resnet50 b64 TF32: $(profile_detail "$scratch/profile.txt" | paste -sd' ')"
 }
 # Where resnet50's `data` time goes (7.3 ms of a 36.3 ms step on the H200, 2026-11-29): unprofiled
-# runs with 1, 2 and 4 loader workers. Less `data` with more workers: the worker's gather is the
-# bottleneck; the same: the step waits for the GPU or for the upload.
+# runs with the batch kept on the GPU, then loaded and uploaded every step (--data-path) with 1, 2
+# and 4 loader workers. Less `data` with more workers: the worker's gather is the bottleneck; the
+# same: the step waits for the GPU or for the upload.
 profile_resnet50_data() {
   local split='import json,sys; r=json.load(sys.stdin); t=r["step_ms"]
 print("%.1f img/s, data %.1f ms, compute %.1f ms" % (r["img_per_sec_median"], t["data"], t["compute"]))'
-  local detail=""
-  for workers in 1 2 4; do
+  local detail="" workers
+  for workers in kept 1 2 4; do
+    local path=(--data-path --set "data.workers=$workers")
+    [[ $workers == kept ]] && path=()
     "$bundle/bin/synthetic_benchmark" --model resnet50 --batch-size 64 --num-warmup-batches 5 \
-      --num-batches-per-iter 5 --num-iters 3 --device cuda --set cuda.tf32=true --set "data.workers=$workers" |
-      tee "$scratch/data.txt"
+      --num-batches-per-iter 5 --num-iters 3 --device cuda --set cuda.tf32=true "${path[@]}" | tee "$scratch/data.txt"
     ((PIPESTATUS[0] == 0)) || return 1
-    detail+="workers $workers: $(sed -n 's/^RESULT //p' "$scratch/data.txt" | python3 -c "$split"); "
+    local label="loader with $workers worker(s)"
+    [[ $workers == kept ]] && label="batch kept on the GPU"
+    detail+="$label: $(sed -n 's/^RESULT //p' "$scratch/data.txt" | python3 -c "$split"); "
   done
   echo "=> resnet50 b64 TF32 $detail"
 }

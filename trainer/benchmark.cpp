@@ -21,16 +21,27 @@ double process_cpu_seconds() {
 }  // namespace
 
 BenchmarkResult Trainer::benchmark(const BenchmarkOptions& options) {
+  if (options.fixed_batch) {
+    // Training on the first batch again is the same math only when it is the rank's whole data.
+    DPTRAIN_CHECK(sampler_.steps_per_epoch() == 1 && batches_per_step_ == 1 && !deterministic_,
+                  "a benchmark with a fixed batch needs one batch per rank and epoch and one backward pass "
+                  "per step (data.batch_size x ranks = the dataset's samples, backward_passes_per_step 1, "
+                  "distributed.deterministic false); this run has ",
+                  sampler_.steps_per_epoch(), " batch(es) per epoch and ", batches_per_step_,
+                  " per step; hint: time the loader instead (bench/synthetic_benchmark --data-path)");
+  }
   model_->set_training(true);
   int64_t epoch = 0, step = 0, steps = 0;
   const auto next_step = [&](StepTotals& totals) {
     if (step == steps) {
       sampler_.set_epoch(epoch);
-      start_loading(epoch++);
+      if (!batch_is_fixed_) start_loading(epoch);
+      ++epoch;
       steps = optimizer_steps_per_epoch();
       step = 0;
     }
     train_step(epoch, step++, totals);
+    batch_is_fixed_ = options.fixed_batch;
   };
   StepTotals warmup, timed;
   for (int64_t i = 0; i < options.warmup_steps; ++i) next_step(warmup);
@@ -64,6 +75,12 @@ BenchmarkResult Trainer::benchmark(const BenchmarkOptions& options) {
   comm_->allreduce(std::span<double>(sums), distributed::ReduceOp::kSum,
                    "allreduce of the benchmark's times");
   result.backward_fraction = sums[0] / std::max(sums[1], 1e-12);
+  distributed::ExactScalarSum loss = timed.loss_sum;
+  loss.allreduce(*comm_, "allreduce of the benchmark's loss");
+  int64_t samples = timed.samples;
+  comm_->allreduce(std::span<int64_t>(&samples, 1), distributed::ReduceOp::kSum,
+                   "allreduce of the benchmark's sample count");
+  result.mean_loss = loss.value() / static_cast<double>(std::max<int64_t>(samples, 1));
   result.step_times = mean_step_times(timed, timed_seconds);
   const int64_t timed_steps = std::max<int64_t>(options.timed_steps * options.repetitions, 1);
   result.cpu_seconds_per_step = sums[2] / comm_->size() / static_cast<double>(timed_steps);
@@ -71,6 +88,7 @@ BenchmarkResult Trainer::benchmark(const BenchmarkOptions& options) {
   std::sort(sorted.begin(), sorted.end());
   result.samples_per_sec = sorted.empty() ? 0.0 : sorted[sorted.size() / 2];
   if (!config_.distributed.timeline.empty()) write_timeline(*comm_, config_.distributed.timeline);
+  batch_is_fixed_ = false;
   return result;
 }
 

@@ -76,6 +76,10 @@ struct BenchmarkOptions {
   int64_t repetitions = 1;
   // Called once the warm-up steps are done, before the first timed one (e.g. to start a profile).
   std::function<void()> before_timed_steps;
+  // Horovod's synthetic benchmark: the first step's batch is kept where the model runs and every
+  // later step trains on it again, with no gathering and no upload. The same math as loading it
+  // again when the rank's data is that one batch in a fixed order (bench/synthetic_benchmark's).
+  bool fixed_batch = false;
 };
 
 struct BenchmarkResult {
@@ -95,6 +99,7 @@ struct BenchmarkResult {
   // sample (layers::Module::multiply_adds), the usual count (it includes the first layer's input
   // gradient, which is not computed: 2.6% of the MNIST CNN's).
   int64_t training_flops_per_sample = 0;
+  double mean_loss = 0;  // over the timed steps' samples on all ranks
 };
 
 struct Evaluation {

@@ -34,7 +34,7 @@ void Trainer::train_step(int64_t epoch, int64_t step_in_epoch, StepTotals& total
                               .global_micro_batches = plan.global_micro_batches});
   for (int64_t i = 0; i < micro_batch_count; ++i) {
     const MicroBatch& micro_batch = plan.micro_batches[static_cast<std::size_t>(i)];
-    {
+    if (!batch_is_fixed_) {
       Phase phase(totals.data, "data");
       load_batch(*train_loader_, micro_batch.indices);
     }

@@ -158,6 +158,8 @@ class Trainer {
   std::unique_ptr<data::BatchLoader> train_loader_, test_loader_;
   std::vector<int64_t> test_indices_;  // 0, 1, ..., what evaluate's batches view
   Batch batch_;
+  // BenchmarkOptions::fixed_batch: batch_ stays as the first step left it and the loader rests.
+  bool batch_is_fixed_ = false;
   TrainingPosition position_;
   bool resumed_ = false;
   StopRequests stop_;  // agreed by all ranks; any(): the loop ends after this step
