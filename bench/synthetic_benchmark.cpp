@@ -2,9 +2,10 @@
 // resnet20) trained with SGD on one fixed batch of random images per rank, timed as Horovod times it
 // (warm-up batches, then iterations of several batches each), through the trainer's own step
 // (forward, backward, bucketed allreduce, optimizer). As in Horovod's, the batch is made once and
-// stays where the model runs (on a GPU: no upload per step); --data-path gathers and uploads it
-// through the loader every step instead, the same math. Prints img/sec per rank per iteration, their
-// mean +- 1.96 standard deviations, and the total over the ranks; the last line is RESULT {json}.
+// stays where the model runs (on a GPU: no upload per step; the first warm-up batch loads it);
+// --data-path gathers and uploads it through the loader every step instead, the same math. Prints
+// img/sec per rank per iteration, their mean +- 1.96 standard deviations, and the total over the
+// ranks; the last line is RESULT {json}.
 //
 //   build/bench/synthetic_benchmark --model resnet50 --batch-size 32
 //   build/bench/synthetic_benchmark --model resnet50 --batch-size 64 --device cuda --data-path

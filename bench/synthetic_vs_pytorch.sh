@@ -8,7 +8,7 @@
 # them back in (2026-11-30, Zen 5: resnet18 33.5 img/s as shipped, 133.8 tuned; 374k page faults
 # against 97k).
 #
-#   bench/synthetic_vs_pytorch.sh [build-dir] [rounds]      (defaults: build, 3; about 15 minutes)
+#   bench/synthetic_vs_pytorch.sh [build-dir] [rounds]      (defaults: build, 3; 10-20 minutes)
 #
 # Needs /usr/bin/python3 with torch and torchvision (scripts/setup.sh --with-torch).
 set -euo pipefail

@@ -436,7 +436,7 @@ for step in "${steps[@]}"; do
       ((gpu_ok)) || { skip_step profile "the probe failed"; continue; }
       check profile resnet50_ops 120 profile_resnet50
       check profile mnist_cnn_b1024_ops 120 profile_cnn
-      check profile resnet50_data_path 120 profile_resnet50_data
+      check profile resnet50_data_path 180 profile_resnet50_data
       ;;
   esac
 done

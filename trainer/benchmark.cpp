@@ -22,14 +22,28 @@ double process_cpu_seconds() {
 
 BenchmarkResult Trainer::benchmark(const BenchmarkOptions& options) {
   if (options.fixed_batch) {
-    // Training on the first batch again is the same math only when it is the rank's whole data.
-    DPTRAIN_CHECK(sampler_.steps_per_epoch() == 1 && batches_per_step_ == 1 && !deterministic_,
-                  "a benchmark with a fixed batch needs one batch per rank and epoch and one backward pass "
-                  "per step (data.batch_size x ranks = the dataset's samples, backward_passes_per_step 1, "
-                  "distributed.deterministic false); this run has ",
-                  sampler_.steps_per_epoch(), " batch(es) per epoch and ", batches_per_step_,
-                  " per step; hint: time the loader instead (bench/synthetic_benchmark --data-path)");
+    // Training on the first batch again is the same math only when the loader would hand over the
+    // same samples, in the same order and unaugmented, at every step.
+    const DataConfig& data = config_.data;
+    const bool same_batch_every_step = sampler_.steps_per_epoch() == 1 && batches_per_step_ == 1 &&
+                                       !deterministic_ && !data.shuffle &&
+                                       data.augment.random_crop_padding == 0 && !data.augment.horizontal_flip;
+    DPTRAIN_CHECK(same_batch_every_step,
+                  "a benchmark with a fixed batch needs the same batch at every step: one batch per rank and "
+                  "epoch (data.batch_size x ranks = the dataset's samples), one backward pass a step, "
+                  "data.shuffle false, no data.augment, distributed.deterministic false; this run has ",
+                  sampler_.steps_per_epoch(), " batch(es) per epoch, backward_passes_per_step ",
+                  config_.distributed.backward_passes_per_step, ", shuffle ", data.shuffle ? "true" : "false",
+                  ", augment crop ", data.augment.random_crop_padding, " flip ",
+                  data.augment.horizontal_flip ? "true" : "false", ", deterministic ",
+                  deterministic_ ? "true" : "false",
+                  "; hint: time the loader instead (bench/synthetic_benchmark --data-path)");
   }
+  // A benchmark that throws leaves the trainer loading batches again.
+  struct Unfix {
+    bool& fixed;
+    ~Unfix() { fixed = false; }
+  } unfix{batch_is_fixed_};
   model_->set_training(true);
   int64_t epoch = 0, step = 0, steps = 0;
   const auto next_step = [&](StepTotals& totals) {
@@ -88,7 +102,6 @@ BenchmarkResult Trainer::benchmark(const BenchmarkOptions& options) {
   std::sort(sorted.begin(), sorted.end());
   result.samples_per_sec = sorted.empty() ? 0.0 : sorted[sorted.size() / 2];
   if (!config_.distributed.timeline.empty()) write_timeline(*comm_, config_.distributed.timeline);
-  batch_is_fixed_ = false;
   return result;
 }
 

@@ -78,7 +78,8 @@ struct BenchmarkOptions {
   std::function<void()> before_timed_steps;
   // Horovod's synthetic benchmark: the first step's batch is kept where the model runs and every
   // later step trains on it again, with no gathering and no upload. The same math as loading it
-  // again when the rank's data is that one batch in a fixed order (bench/synthetic_benchmark's).
+  // again when the rank's data is that one batch, unshuffled and unaugmented (bench/synthetic_benchmark's;
+  // Trainer::benchmark refuses any other).
   bool fixed_batch = false;
 };
 

@@ -108,16 +108,23 @@ JSON
       [ "$(field data np$np.out)" = 0.0 ] || fail "a fixed batch spent $(field data np$np.out) ms a step in data"
       awk -v d="$(field data path$np.out)" 'BEGIN { exit !(d > 0) }' || fail "--data-path spent no time in data"
       loss=$(field mean_loss np$np.out)
-      [ -n "$loss" ] && [ "$loss" = "$(field mean_loss path$np.out)" ] ||
+      awk -v l="$loss" 'BEGIN { exit !(l > 0 && l < 10) }' || fail "mean_loss '$loss' is not a cross-entropy of 10 classes"
+      [ "$loss" = "$(field mean_loss path$np.out)" ] ||
         fail "mean_loss: fixed batch $loss, --data-path $(field mean_loss path$np.out) on $np rank(s)"
       echo "  $np rank(s): mean loss $loss with the batch kept and with --data-path"
     done
-    # More than one batch per rank (2 at np 2): training on the first again would not be the same math.
+    # More than one batch per rank (2 at np 2), or a shuffled one: training on the first again would
+    # not be the same math.
     if "${cmd[@]}" --set data.synthetic.samples=32 >several.out 2>&1; then
       fail "a fixed batch over 2 batches per epoch ran"
     fi
-    grep -q 'fixed batch needs one batch per rank .* has 2 batch(es) per epoch .*--data-path' several.out ||
+    grep -q 'fixed batch needs the same batch at every step.* has 2 batch(es) per epoch, .*--data-path' several.out ||
       { cat several.out; fail "no clear error for a fixed batch over 2 batches per epoch"; }
+    if "${cmd[@]}" --set data.shuffle=true >shuffled.out 2>&1; then
+      fail "a fixed batch with data.shuffle ran"
+    fi
+    grep -q 'fixed batch needs the same batch at every step.* shuffle true,' shuffled.out ||
+      { cat shuffled.out; fail "no clear error for a fixed batch with data.shuffle"; }
     # --profile-ops against a count by hand. resnet20 at 3x8x8, multiply-adds per sample: conv1 3->16
     # at 8x8 27,648; stage 1, six 16->16 at 8x8, 884,736; stage 2 (4x4) 73,728 + 147,456 + the 1x1
     # shortcut 8,192 + four 32->32 589,824; stage 3 (2x2) the same 819,200; fc 640: 2,551,424. A
