@@ -63,7 +63,7 @@ BenchmarkResult Trainer::benchmark(const BenchmarkOptions& options) {
   if (options.before_timed_steps) options.before_timed_steps();
   BenchmarkResult result;
   const std::size_t allocations_before = storage_stats().fresh_allocations;
-  double timed_seconds = 0, cpu_seconds = 0;
+  double timed_seconds = 0, cpu_seconds = 0, all_samples = 0;  // all_samples: every rank's
   for (int64_t r = 0; r < options.repetitions; ++r) {
     comm_->barrier("barrier before the timed steps");
     const auto start = std::chrono::steady_clock::now();
@@ -78,6 +78,7 @@ BenchmarkResult Trainer::benchmark(const BenchmarkOptions& options) {
     double samples = static_cast<double>(timed.samples - samples_before);
     comm_->allreduce(std::span<double>(&samples, 1), distributed::ReduceOp::kSum,
                      "allreduce of benchmark samples");
+    all_samples += samples;
     result.samples_per_sec_by_repetition.push_back(samples / seconds);
   }
   result.tensor_allocations = static_cast<int64_t>(storage_stats().fresh_allocations - allocations_before);
@@ -91,10 +92,7 @@ BenchmarkResult Trainer::benchmark(const BenchmarkOptions& options) {
   result.backward_fraction = sums[0] / std::max(sums[1], 1e-12);
   distributed::ExactScalarSum loss = timed.loss_sum;
   loss.allreduce(*comm_, "allreduce of the benchmark's loss");
-  int64_t samples = timed.samples;
-  comm_->allreduce(std::span<int64_t>(&samples, 1), distributed::ReduceOp::kSum,
-                   "allreduce of the benchmark's sample count");
-  result.mean_loss = loss.value() / static_cast<double>(std::max<int64_t>(samples, 1));
+  result.mean_loss = loss.value() / std::max(all_samples, 1.0);
   result.step_times = mean_step_times(timed, timed_seconds);
   const int64_t timed_steps = std::max<int64_t>(options.timed_steps * options.repetitions, 1);
   result.cpu_seconds_per_step = sums[2] / comm_->size() / static_cast<double>(timed_steps);
