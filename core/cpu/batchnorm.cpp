@@ -5,11 +5,12 @@
 // per variant, so that the plain normalisation's loops stay as they were.
 //
 // Training without SyncBatchNorm runs each direction as one call. The forward takes a channel's sum
-// and its squares back to back, the second from cache, then normalises as the separate kernel does;
-// above a size the backward takes a channel's reduction and then its input gradient, again the
-// second pass from cache (a channel is at most 784 kB per tensor in ResNet-50 at batch 16). Both
-// forms run the same out-of-line per-channel sums in the same order, so their results agree bit for
-// bit with the separate kernels'.
+// and its squares back to back, the second from cache; above a size it normalises the channel next,
+// again from cache, and below it normalises as the separate kernel does. Above that size the
+// backward takes a channel's reduction and then its input gradient, the second pass from cache (a
+// channel is at most 784 kB per tensor in ResNet-50 at batch 16). Both forms run the same out-of-line
+// per-channel sums in the same order, and the same elementwise arithmetic, so their results agree
+// bit for bit with the separate kernels'.
 #include <cmath>
 #include <vector>
 
@@ -21,6 +22,16 @@ namespace {
 
 bool worth_threads(BatchNormShape s) {
   return s.batch * s.channels * s.inner > 65536;
+}
+
+// Up to this many elements (1 MiB of floats) a tensor stays in cache between passes over it, so that
+// a second pass costs nothing from memory: there the passes go over whole planes, and a channel at a
+// time would only scatter the accesses (in backward, 1.14x the separate kernels' time over 8x8
+// planes, 1.25x over 4x4). Above it both directions take a channel's passes back to back, the later
+// ones from cache.
+constexpr int64_t kCachedElements = int64_t{1} << 18;
+bool fits_in_cache(BatchNormShape s) {
+  return s.batch * s.channels * s.inner <= kCachedElements;
 }
 
 // Calls f(c) for every channel. Threads split the channels: each channel's sum has one owner, so
@@ -109,6 +120,16 @@ void normalize(const float* x, const float* stats, const float* gamma, const flo
   for_each_plane(s, [&](int64_t c, int64_t at) {
     normalize_plane<kResidual, kRelu>(x + at, kResidual ? residual + at : nullptr, y + at,
                                       Affine(stats, gamma, beta, c, s.channels), s.inner);
+  });
+}
+
+// normalize's planes of channel c alone.
+template <bool kResidual, bool kRelu>
+void normalize_channel_planes(const float* x, const float* stats, const float* gamma, const float* beta,
+                              const float* residual, float* y, int64_t c, BatchNormShape s) {
+  const Affine a(stats, gamma, beta, c, s.channels);
+  for_each_plane_of(c, s, [&](int64_t at) {
+    normalize_plane<kResidual, kRelu>(x + at, kResidual ? residual + at : nullptr, y + at, a, s.inner);
   });
 }
 
@@ -212,11 +233,6 @@ void backward_input(const float* gy, const float* relu_y, const float* x, const 
   });
 }
 
-// Up to this many elements (1 MiB of floats) the backward's inputs stay in cache between the separate
-// kernels, whose second pass then costs nothing from memory: there a channel at a time would only
-// scatter the accesses (1.14x the separate kernels' time over 8x8 planes, 1.25x over 4x4).
-constexpr int64_t kCachedBackwardElements = int64_t{1} << 18;
-
 template <bool kRelu, bool kResidual>
 void train_backward(const float* gy, const float* relu_y, const float* x, const float* stats,
                     const float* gamma, const double* sums, double* grad_sums, float* ggamma, float* gbeta,
@@ -268,12 +284,19 @@ void batchnorm_train_forward(const float* x, const float* gamma, const float* be
                              double* squares, float* stats, float* running_mean, float* running_var, float* y,
                              BatchNormShape s, BatchNormEpilogue e, float eps, float momentum) {
   sums[s.channels] = static_cast<double>(s.batch * s.inner);
+  const bool cached = fits_in_cache(s);
+  const auto normalize_channel =
+      e.residual ? (e.relu ? normalize_channel_planes<true, true> : normalize_channel_planes<true, false>)
+                 : (e.relu ? normalize_channel_planes<false, true> : normalize_channel_planes<false, false>);
   for_each_channel(s, [&](int64_t c) {
     sums[c] = channel_sum(x, c, s);
     squares[c] = channel_squares(x, sums, c, s);
     channel_batch_stats(c, sums, squares, stats, running_mean, running_var, s.channels, eps, momentum);
+    // The channel's third pass while it is still in cache: a pass over planes would read the input
+    // from memory a second time.
+    if (!cached) normalize_channel(x, stats, gamma, beta, e.residual, y, c, s);
   });
-  batchnorm_normalize(x, stats, gamma, beta, y, s, e);
+  if (cached) batchnorm_normalize(x, stats, gamma, beta, y, s, e);
 }
 
 void batchnorm_backward_reduce(const float* gy, const float* relu_y, const float* x, const float* stats,
@@ -294,7 +317,7 @@ void batchnorm_backward_input(const float* gy, const float* relu_y, const float*
 void batchnorm_train_backward(const float* gy, const float* relu_y, const float* x, const float* stats,
                               const float* gamma, const double* sums, double* grad_sums, float* ggamma,
                               float* gbeta, GradientOut gresidual, GradientOut gx, BatchNormShape s) {
-  if (s.batch * s.channels * s.inner <= kCachedBackwardElements) {
+  if (fits_in_cache(s)) {
     batchnorm_backward_reduce(gy, relu_y, x, stats, grad_sums, ggamma, gbeta, gresidual, s);
     if (gx) batchnorm_backward_input(gy, relu_y, x, stats, gamma, grad_sums, sums, gx, s);
     return;

@@ -1,6 +1,6 @@
-// conv2d on the CPU. Stride-1 convolutions over small planes run as per-tap GEMMs (conv_small.h),
-// others that conv_direct.h takes as direct kernels; the rest as im2col + GEMM over chunks of the
-// batch, each chunk's column matrix [C*KH*KW, chunk*OH*OW] sized to stay in L2 (a whole-batch column
+// conv2d on the CPU. Convolutions over small planes, at stride 1 or 2, run as per-tap GEMMs
+// (conv_small.h), others that conv_direct.h takes as direct kernels; the rest as im2col + GEMM over chunks of
+// the batch, each chunk's column matrix [C*KH*KW, chunk*OH*OW] sized to stay in L2 (a whole-batch column
 // matrix, 18 MB for the MNIST CNN's second layer, cost more than the GEMM it fed), its columns
 // recomputed in backward rather than kept.
 // conv2d -> ReLU -> max pooling pools each plane of sums while it is in cache, so the conv output
@@ -173,8 +173,9 @@ void col2im_add(const ConvGeometry& g, const float* gcols, int64_t first, int64_
 // gx is added into, except that a one-sample 1x1 chunk (in_place) writes it where gx.overwrite says
 // to: the bits of adding into zeros, as the GEMM's sums start from +0 (never -0). backward_with
 // leaves overwrite set only where every chunk is such a chunk.
-void chunk_backward(const ConvGeometry& g, const float* gy, const float* x, const float* w, GradientOut gx,
-                    float* gw, float* gbias, int64_t first, int64_t count, float* cols, float* gcols) {
+void chunk_backward(const ConvGeometry& g, const float* gy, const float* x, PackedLeft w_transposed,
+                    GradientOut gx, float* gw, float* gbias, int64_t first, int64_t count, float* cols,
+                    float* gcols) {
   const int64_t K = g.patch(), O = g.out_channels, n = count * g.pixels();
   const bool in_place = count == 1 && columns_are_input(g);
   auto gy_mat = unaligned_mat(gy, O, n);  // in place, gy is a sample of the tensor
@@ -182,28 +183,29 @@ void chunk_backward(const ConvGeometry& g, const float* gy, const float* x, cons
   if (gw) {
     const float* columns = x + first * K * n;
     if (!in_place) im2col(g, x, first, count, cols), columns = cols;
-    gemm(O, K, n, {gy, n}, {columns, n, /*transposed=*/true}, gw, K, /*accumulate=*/true);
+    gemm(O, K, n, {gy, n, /*transposed=*/false, /*streamed=*/true}, {columns, n, /*transposed=*/true}, gw, K,
+         /*accumulate=*/true);
   }
-  const Operand w_transposed{w, K, /*transposed=*/true};
   if (gx && in_place) {
-    gemm(K, n, O, w_transposed, {gy, n}, gx.data + first * K * n, n, /*accumulate=*/!gx.overwrite);
+    gemm_packed(K, n, O, w_transposed, {gy, n}, gx.data + first * K * n, n, /*accumulate=*/!gx.overwrite);
   } else if (gx) {
-    gemm(K, n, O, w_transposed, {gy, n}, gcols, n, /*accumulate=*/false);
+    gemm_packed(K, n, O, w_transposed, {gy, n}, gcols, n, /*accumulate=*/false);
     col2im_add(g, gcols, first, count, gx.data);
   }
 }
 
 // Scratch of one chunk: its columns unless the input serves (columns_are_input), its [O, chunk*P]
 // product or output gradient unless the tensor itself serves, and the columns' gradient when the
-// input's is wanted and cannot take it directly.
+// input's is wanted and cannot take it directly. Backward's W^T, packed once for all chunks.
 struct ChunkBuffers {
   ChunkBuffers(const ConvGeometry& g, int64_t chunk, bool input_gradient, bool outputs_in_place)
       : columns_in_place(chunk == 1 && columns_are_input(g)),
         cols(columns_in_place ? 0 : sizeof(float) * g.patch() * chunk * g.pixels()),
         outputs(outputs_in_place ? 0 : sizeof(float) * g.out_channels * chunk * g.pixels()),
-        gcols(input_gradient && !columns_in_place ? sizeof(float) * g.patch() * chunk * g.pixels() : 0) {}
+        gcols(input_gradient && !columns_in_place ? sizeof(float) * g.patch() * chunk * g.pixels() : 0),
+        packed_weights(input_gradient ? sizeof(float) * packed_left_floats(g.patch(), g.out_channels) : 0) {}
   bool columns_in_place;
-  Storage cols, outputs, gcols;
+  Storage cols, outputs, gcols, packed_weights;
 };
 
 // Pixel p of a plane laid out as it is: at p.
@@ -276,6 +278,11 @@ void backward_with(const ConvGeometry& g, const float* x, const float* w, Gradie
   const bool gradient_in_place = output_gradient != nullptr && chunk == 1;
   ChunkBuffers buffers(g, chunk, bool(gx), gradient_in_place);
   if (!buffers.columns_in_place) gx = GradientOut{adding_into(gx, g)};  // zeroed: added into from here on
+  // Every chunk's input gradient multiplies by W^T: packed once here, not once a chunk (ResNet-50's
+  // 1x1 layers over 56x56 and 28x28 run a chunk per sample).
+  const PackedLeft w_transposed = gx ? pack_transposed_left(g.patch(), O, {w, g.patch(), /*transposed=*/true},
+                                                            buffers.packed_weights.as<float>())
+                                     : PackedLeft{};
   for (int64_t first = 0; first < g.batch; first += chunk) {
     const int64_t count = std::min(chunk, g.batch - first), n = count * P;
     const float* gy = gradient_in_place ? output_gradient + first * O * P : nullptr;
@@ -287,7 +294,7 @@ void backward_with(const ConvGeometry& g, const float* x, const float* w, Gradie
         write_output_gradient(first + b, written + b * P, ContiguousPixels{}, n);
       gy = written;
     }
-    chunk_backward(g, gy, x, w, gx, gw, gbias, first, count, buffers.cols.as<float>(),
+    chunk_backward(g, gy, x, w_transposed, gx, gw, gbias, first, count, buffers.cols.as<float>(),
                    buffers.gcols.as<float>());
   }
 }

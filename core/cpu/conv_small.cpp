@@ -1,6 +1,7 @@
-// Convolutions at stride 1 over small planes as one GEMM per tap and run of pixels. Tap t = (kh, kw)
-// links output pixel (oh, ow) to input pixel (oh - pad + kh, ow - pad + kw) where that lies inside the
-// plane; along an output row the pixels it links form one run, and so do their inputs. With the pixels
+// Convolutions over small planes as one GEMM per tap and run of pixels. Tap t = (kh, kw) links output
+// pixel (oh, ow) to input pixel (oh s - pad + kh, ow s - pad + kw) at stride s where that lies inside
+// the plane; along an output row the pixels it links form one run, and so do their inputs (at stride
+// 2 once the input's copies hold its even and odd rows and columns apart: InputSlots). With the pixels
 // outermost in copies of the activations, a run is a block of whole rows or columns of a matrix:
 //   forward          Y[o, (p, b)]  += W_t[o, c] X[c, (q, b)]     (activations [channel, pixel, sample])
 //   input gradient   GX[(q, b), c] += GY[(p, b), o] W_t[o, c]     ([pixel, sample, channel])
@@ -36,6 +37,15 @@ constexpr int64_t kMinChannels = 16;
 // resnet50's step 10.6 s of kernels against 11.0.
 constexpr double kForwardShare = 0.9;
 constexpr double kBackwardShare = simd::kLanes >= 16 ? 0.75 : 0.95;
+// At stride 2 the other way is im2col, whose copies at stride 2 go float by float. On the Intel Xeon
+// kind, one core, 3x3/2 layers with padding 1 (the share inside is 0.69 over 2x2 outputs, 0.84 over
+// 4x4, 0.907 over 7x7, 0.918 over 8x8, 0.952 over 14x14, 0.976 over 28x28), ms per call forward and
+// backward, im2col -> per tap: resnet18's at 64x64, batch 32: 64->128 over 8x8 3.20 -> 3.05 and 6.70
+// -> 7.99, 128->256 over 4x4 3.10 -> 2.30 and 6.22 -> 5.26, 256->512 over 2x2 3.11 -> 2.32 and 6.96 ->
+// 5.19; ResNet-50's at batch 16: 512 over 7x7 35.4 -> 28.6 and 69.1 -> 65.6, 256 over 14x14 35.9 ->
+// 33.1 and 71.8 -> 131.0, 128 over 28x28 35.5 -> 45.9 and 77.3 -> 226.0.
+constexpr double kStridedForwardShare = 0.96;
+constexpr double kStridedBackwardShare = 0.915;
 // Output channels per thread in the forward come in multiples of this (the GEMM's row block).
 constexpr int64_t kRowMultiple = 16;
 
@@ -44,21 +54,39 @@ struct Run {
   int64_t tap, first_output, first_input, length;
 };
 
+// Where input pixel (ih, iw) sits in the copies of the input: at stride s its phase (ih % s, iw % s)
+// first, then (ih / s, iw / s) in a plane of ceil(H / s) x ceil(W / s), so that the inputs of a tap's
+// run, s apart in the plane, are neighbours here as they are at stride 1 (where this is ih * W + iw).
+// Slots of a phase past the plane's edge are read by no run.
+struct InputSlots {
+  int64_t stride, rows, cols;  // the phase planes' size
+  explicit InputSlots(const Conv2dGeometry& g)
+      : stride(g.stride),
+        rows((g.height + g.stride - 1) / g.stride),
+        cols((g.width + g.stride - 1) / g.stride) {}
+  int64_t count() const { return stride * stride * rows * cols; }
+  int64_t operator()(int64_t ih, int64_t iw) const {
+    return ((ih % stride) * stride + iw % stride) * rows * cols + (ih / stride) * cols + iw / stride;
+  }
+};
+
 // The runs of every tap in tap order, one per output row, or one per block of rows where the tap
-// links whole rows to whole rows (the middle column of taps when out_w == width).
+// links whole rows to whole rows (the middle column of taps when out_w == width at stride 1).
 std::vector<Run> runs_of(const Conv2dGeometry& g) {
+  const InputSlots slot(g);
+  const auto ceil_div = [](int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); };
   std::vector<Run> runs;
   for (int64_t kh = 0; kh < g.kernel_h; ++kh)
     for (int64_t kw = 0; kw < g.kernel_w; ++kw) {
       const int64_t tap = kh * g.kernel_w + kw;
-      // Input column ow - pad + kw in [0, width).
-      const int64_t ow0 = std::clamp<int64_t>(g.padding - kw, 0, g.out_w);
-      const int64_t ow1 = std::clamp<int64_t>(g.width + g.padding - kw, ow0, g.out_w);
+      // Input column ow * stride - pad + kw in [0, width).
+      const int64_t ow0 = std::clamp<int64_t>(ceil_div(g.padding - kw, g.stride), 0, g.out_w);
+      const int64_t ow1 = std::clamp<int64_t>(ceil_div(g.width + g.padding - kw, g.stride), ow0, g.out_w);
       if (ow0 == ow1) continue;
       for (int64_t oh = 0; oh < g.out_h; ++oh) {
-        const int64_t ih = oh - g.padding + kh;
+        const int64_t ih = oh * g.stride - g.padding + kh;
         if (ih < 0 || ih >= g.height) continue;
-        const int64_t p = oh * g.out_w + ow0, q = ih * g.width + ow0 - g.padding + kw;
+        const int64_t p = oh * g.out_w + ow0, q = slot(ih, ow0 * g.stride - g.padding + kw);
         Run* last = runs.empty() ? nullptr : &runs.back();
         if (last && last->tap == tap && last->first_output + last->length == p &&
             last->first_input + last->length == q) {
@@ -76,6 +104,14 @@ int64_t taps(const Conv2dGeometry& g) {
 }
 int64_t input_pixels(const Conv2dGeometry& g) {
   return g.height * g.width;
+}
+// The slot of every input pixel, in the pixels' order.
+std::vector<int64_t> slots_of_pixels(const Conv2dGeometry& g) {
+  const InputSlots slot(g);
+  std::vector<int64_t> slots;
+  for (int64_t ih = 0; ih < g.height; ++ih)
+    for (int64_t iw = 0; iw < g.width; ++iw) slots.push_back(slot(ih, iw));
+  return slots;
 }
 
 enum Slot {
@@ -150,18 +186,20 @@ void add_weight_gradient(const Conv2dGeometry& g, const float* by_tap, float* gw
   }
 }
 
-// x [B, C, Q] -> [C, Q, B] (ChannelMajor) or [Q, B, C]: each row x[b, c] read once, its Q floats
-// written to Q places that move on together.
+// x [B, C, Q] -> [C, S, B] (ChannelMajor) or [S, B, C], S the input slots (InputSlots): each row
+// x[b, c] read once, its Q floats written to Q places that move on together.
 template <bool ChannelMajor>
-const float* input_by_pixel(const Conv2dGeometry& g, const float* x) {
-  const int64_t B = g.batch, C = g.channels, Q = input_pixels(g);
-  float* to = thread_scratch<kInput>(B * C * Q);
+const float* input_by_slot(const Conv2dGeometry& g, const float* x) {
+  const int64_t B = g.batch, C = g.channels, Q = input_pixels(g), S = InputSlots(g).count();
+  const std::vector<int64_t> slots = slots_of_pixels(g);
+  const int64_t* slot = slots.data();
+  float* to = thread_scratch<kInput>(B * C * S);
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t outer = 0; outer < (ChannelMajor ? C : B); ++outer)
     for (int64_t inner = 0; inner < (ChannelMajor ? B : C); ++inner) {
       const int64_t c = ChannelMajor ? outer : inner, b = ChannelMajor ? inner : outer;
       for (int64_t q = 0; q < Q; ++q)
-        to[ChannelMajor ? (c * Q + q) * B + b : (q * B + b) * C + c] = x[(b * C + c) * Q + q];
+        to[ChannelMajor ? (c * S + slot[q]) * B + b : (slot[q] * B + b) * C + c] = x[(b * C + c) * Q + q];
     }
   return to;
 }
@@ -169,7 +207,7 @@ const float* input_by_pixel(const Conv2dGeometry& g, const float* x) {
 // The share of im2col's tap-pixel products that meet a pixel inside the plane; 1 where these kernels
 // do not apply at all.
 double share_inside(const Conv2dGeometry& g) {
-  if (g.stride != 1 || taps(g) == 1 || g.channels < kMinChannels || g.out_channels < kMinChannels) return 1.0;
+  if (g.stride > 2 || taps(g) == 1 || g.channels < kMinChannels || g.out_channels < kMinChannels) return 1.0;
   int64_t products = 0;
   for (const Run& run : runs_of(g)) products += run.length;
   return static_cast<double>(products) / static_cast<double>(taps(g) * g.pixels());
@@ -178,19 +216,19 @@ double share_inside(const Conv2dGeometry& g) {
 }  // namespace
 
 bool applies(const Conv2dGeometry& g) {
-  return share_inside(g) < kForwardShare;
+  return share_inside(g) < (g.stride == 1 ? kForwardShare : kStridedForwardShare);
 }
 
 bool applies_backward(const Conv2dGeometry& g) {
-  return share_inside(g) < kBackwardShare;
+  return share_inside(g) < (g.stride == 1 ? kBackwardShare : kStridedBackwardShare);
 }
 
 void forward(const Conv2dGeometry& g, const float* x, const float* w,
              const direct_conv::PlaneVisitor& visit) {
   const std::vector<Run> runs = runs_of(g);
-  const int64_t B = g.batch, C = g.channels, O = g.out_channels, P = g.pixels(), Q = input_pixels(g);
+  const int64_t B = g.batch, C = g.channels, O = g.out_channels, P = g.pixels(), S = InputSlots(g).count();
   const float* by_tap = weights_by_tap(g, w);
-  const float* input = input_by_pixel<true>(g, x);
+  const float* input = input_by_slot<true>(g, x);
   float* sums = thread_scratch<kSums>(O * P * B);
   // Each thread takes a block of output channels through every run; nested, the GEMM runs on the
   // thread that calls it (its own parallel loop is over columns, here at most a plane of samples).
@@ -202,7 +240,7 @@ void forward(const Conv2dGeometry& g, const float* x, const float* w,
     std::fill(sums + o0 * P * B, sums + o1 * P * B, 0.0f);
     for (const Run& run : runs)  // a thread without channels calls it with no rows: a no-op
       gemm(o1 - o0, run.length * B, C, {by_tap + (run.tap * O + o0) * C, C},
-           {input + run.first_input * B, Q * B}, sums + o0 * P * B + run.first_output * B, P * B,
+           {input + run.first_input * B, S * B}, sums + o0 * P * B + run.first_output * B, P * B,
            /*accumulate=*/true);
     float* plane = thread_scratch<kPlane>(P);
     for (int64_t o = o0; o < o1; ++o)
@@ -217,7 +255,7 @@ void backward(const Conv2dGeometry& g, const float* x, const float* w, float* gx
               const direct_conv::GradientWriter& write_output_gradient) {
   const std::vector<Run> runs = runs_of(g);
   const int64_t B = g.batch, C = g.channels, O = g.out_channels, P = g.pixels(), Q = input_pixels(g);
-  const int64_t T = taps(g);
+  const int64_t S = InputSlots(g).count(), T = taps(g);
   // The output gradient as [P, B, O], written into zeros.
   float* by_pixel = thread_scratch<kGradientByPixel>(P * B * O);
   std::fill_n(by_pixel, P * B * O, 0.0f);
@@ -228,15 +266,17 @@ void backward(const Conv2dGeometry& g, const float* x, const float* w, float* gx
 
   if (gx) {
     const float* by_tap = weights_by_tap(g, w);
-    float* sums = thread_scratch<kInputGradient>(Q * B * C);
-    std::fill_n(sums, Q * B * C, 0.0f);
+    float* sums = thread_scratch<kInputGradient>(S * B * C);
+    std::fill_n(sums, S * B * C, 0.0f);
     for (const Run& run : runs)
       gemm(run.length * B, C, O, {by_pixel + run.first_output * B * O, O}, {by_tap + run.tap * O * C, C},
            sums + run.first_input * B * C, C, /*accumulate=*/true);
+    const std::vector<int64_t> slots = slots_of_pixels(g);
+    const int64_t* slot = slots.data();
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t c = 0; c < C; ++c)
-        for (int64_t q = 0; q < Q; ++q) gx[(b * C + c) * Q + q] += sums[(q * B + b) * C + c];
+        for (int64_t q = 0; q < Q; ++q) gx[(b * C + c) * Q + q] += sums[(slot[q] * B + b) * C + c];
   }
   if (!gw && !gbias) return;
   // ... and as [O, P, B], each channel's gradients a row.
@@ -251,7 +291,7 @@ void backward(const Conv2dGeometry& g, const float* x, const float* w, float* gx
       gbias[o] += sum;
     }
   if (!gw) return;
-  const float* input = input_by_pixel<false>(g, x);
+  const float* input = input_by_slot<false>(g, x);
   float* sums = thread_scratch<kWeightGradient>(T * O * C);
   for (int64_t t = 0; t < T; ++t) {
     bool reached = false;  // the first run of a tap writes its sums, the later ones add

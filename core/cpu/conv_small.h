@@ -1,4 +1,5 @@
-// Stride-1 convolutions over planes so small that padding makes much of im2col's work: per-tap GEMMs.
+// Convolutions over planes so small that padding makes much of im2col's work, and stride-2 ones over
+// small planes: per-tap GEMMs.
 #pragma once
 
 #include "core/backend.h"
@@ -6,13 +7,14 @@
 
 namespace dptrain::cpu::small_plane_conv {
 
-// Whether the forward takes the convolution: stride 1, a kernel wider than 1x1, channels enough for
-// GEMMs, and planes where over a tenth of im2col's tap-pixel products meet padding (3x3 kernels over
-// 8x8 and 7x7 planes, 16% and 18%; over 4x4, 31%; over 2x2, 56%).
+// Whether the forward takes the convolution: stride 1 or 2, a kernel wider than 1x1, channels enough
+// for GEMMs, and planes where over a tenth of im2col's tap-pixel products meet padding (3x3 kernels
+// over 8x8 and 7x7 planes, 16% and 18%; over 4x4, 31%; over 2x2, 56%), at stride 2 over 4% (3x3/2
+// with padding 1 to outputs of 14x14 and less).
 bool applies(const Conv2dGeometry& g);
-// Whether backward() takes it: the same over a quarter. Its copies of the activations (the output
-// gradient twice, the input, the input gradient) grow with the planes; at 8x8 they cost more than
-// the padding's products.
+// Whether backward() takes it: the same over a quarter, at stride 2 over 8.5% (3x3/2 to 7x7 and
+// less). Its copies of the activations (the output gradient twice, the input, the input gradient)
+// grow with the planes; at 8x8 they cost more than the padding's products.
 bool applies_backward(const Conv2dGeometry& g);
 
 // As direct_conv::forward: visit(sample, channel, sums) for every plane of sums, bias not added,

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/cpu/packet.h"
+#include "core/error.h"
 
 namespace dptrain::cpu {
 namespace {
@@ -31,12 +32,9 @@ constexpr int kRows = kVectorRegisters >= 32 ? 8 : 4;
 constexpr int kPackets = 3;
 constexpr int64_t kDepth = kGemmDepthBlock;
 constexpr int64_t kLineFloats = 64 / sizeof(float);
-// Whether every column block of B is copied into contiguous rows before the row blocks of A pass
-// over it (otherwise only a transposed B or a ragged last block is). Read in place, the block's kDepth
-// rows lie a row of B apart: at n = 1024 every one in its own page and all in one set of the L1
-// cache. With AVX2, on a Zen 3 core (32 KB L1), that held 1024^3 at 22 GFLOP/s, 41 with the copy;
-// with AVX-512, on Zen 5 (48 KB L1), in place ran at 215 GFLOP/s and is kept, as measured there.
-constexpr bool kCopyEveryBlockOfB = kLanes < 16;
+// A streamed left operand up to this size (1 MiB) stays in L2 between blocks of columns.
+constexpr int64_t kCachedLeftFloats = 256 * 1024;
+constexpr int64_t kPageBytes = 4096;
 
 // Buffers of the calling thread that outlive the call (simd::thread_scratch), one per slot.
 enum Scratch { kPackedLeft, kPaddedColumns };
@@ -165,9 +163,10 @@ NextBlock next_block_of_b(int64_t n, int64_t k, Operand b, int64_t j, int64_t co
   return {b.data + next_k0 * b.stride + next_j, depth, width};
 }
 
-}  // namespace
-
-void gemm(int64_t m, int64_t n, int64_t k, Operand a, Operand b, float* y, int64_t ldy, bool accumulate) {
+// The product, A's row blocks from first_packed_block(m, a) on read from `packed` (pack_left's
+// layout), the others in place.
+void multiply(int64_t m, int64_t n, int64_t k, Operand a, const float* packed, Operand b, float* y,
+              int64_t ldy, bool accumulate) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
     if (!accumulate)
@@ -175,13 +174,20 @@ void gemm(int64_t m, int64_t n, int64_t k, Operand a, Operand b, float* y, int64
     return;
   }
   const int64_t row_blocks = (m + kRows - 1) / kRows, first_packed = first_packed_block(m, a);
-  float* packed = thread_scratch<kPackedLeft>((row_blocks - first_packed) * kRows * k);
-  pack_left(m, k, a, packed);
   // Column blocks of kPackets packets; where that would leave a last block of one packet (8
   // accumulators, too few to hide the multiply-add's latency), the last two have two each.
   const int64_t total_packets = (n + kLanes - 1) / kLanes;
   const int64_t column_blocks = (total_packets + kPackets - 1) / kPackets;
   const bool split_last_two = total_packets % kPackets == 1 && column_blocks >= 2;
+  // A streamed A read in place, too large to stay in L2 between blocks of columns, whose rows lie more
+  // than a page apart, has the rows of the next row block fetched while a tile runs. A tile reads
+  // kRows runs of kDepth floats, each in its own page, and the hardware prefetchers do not cross
+  // pages: the weight gradient of a 1x1 convolution 64->256 over 56x56 at batch 16 (an output gradient
+  // of [256, 3136] per sample) took 46 ms a call on one Intel Xeon core, 35 this way, 256->128 74 ->
+  // 68. With rows of 784 floats (four to a page) the prefetchers keep up, and the fetches only cost:
+  // ResNet-50's 256->1024 over 14x14 and 512->2048 over 7x7 ran 9-12% slower with them.
+  const bool prefetch_left = a.streamed && !a.transposed && a.stride * int64_t{sizeof(float)} > kPageBytes &&
+                             m * k > kCachedLeftFloats;
 #pragma omp parallel for schedule(static)
   for (int64_t block = 0; block < column_blocks; ++block) {
     int64_t first_packet = block * kPackets,
@@ -193,24 +199,23 @@ void gemm(int64_t m, int64_t n, int64_t k, Operand a, Operand b, float* y, int64
     const int64_t j = first_packet * kLanes, cols = std::min(packets * kLanes, n - j);
     for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
       const int64_t depth = std::min(kDepth, k - k0);
-      const float* slice = b.data + k0 * b.stride + j;
-      int64_t slice_stride = b.stride;
-      // A transposed B, or a ragged last block (with AVX2 every block), goes into rows of whole
-      // packets, zero past cols, so that the kernel's loads are contiguous and stay inside B; every row
-      // block of A reuses the copy.
-      if (kCopyEveryBlockOfB || b.transposed || cols % kLanes != 0) {
-        const int64_t padded_stride = packets * kLanes;
-        float* padded = thread_scratch<kPaddedColumns>(depth * padded_stride);
+      // Every column block of B is copied into rows of whole packets, zero past cols, which every row
+      // block of A then reuses. Read in place, the block's kDepth rows lie a row of B apart, so that
+      // its lines fall into a few sets of the L1 cache and evict each other (a stride of 768 floats
+      // puts its 576 lines in 12 of the 64 sets of a 48 KiB 12-way L1): the row blocks of A then
+      // reread B from L2. With AVX2, on a Zen 3 core (32 KB L1), 1024^3 ran at 22 GFLOP/s in place,
+      // 41 copied; with AVX-512 on the Intel Xeon kind (48 KiB L1), ResNet-50's shapes (m 64-1024,
+      // k 64-1152, n 196-12544) ran 9-18% faster copied, 1024^3 25%. A transposed B is transposed
+      // into the copy, and the copy keeps the kernel's loads inside B at a ragged last block.
+      const int64_t slice_stride = packets * kLanes;
+      float* slice = thread_scratch<kPaddedColumns>(depth * slice_stride);
+      for (int64_t kk = 0; kk < depth; ++kk)
+        std::fill(slice + kk * slice_stride + cols, slice + (kk + 1) * slice_stride, 0.0f);
+      if (b.transposed) {
+        transpose_into(b, j, cols, k0, depth, slice, slice_stride);
+      } else {
         for (int64_t kk = 0; kk < depth; ++kk)
-          std::fill(padded + kk * padded_stride + cols, padded + (kk + 1) * padded_stride, 0.0f);
-        if (b.transposed) {
-          transpose_into(b, j, cols, k0, depth, padded, padded_stride);
-        } else {
-          for (int64_t kk = 0; kk < depth; ++kk)
-            std::copy_n(slice + kk * b.stride, cols, padded + kk * padded_stride);
-        }
-        slice = padded;
-        slice_stride = padded_stride;
+          std::copy_n(b.data + (k0 + kk) * b.stride + j, cols, slice + kk * slice_stride);
       }
       const bool add = accumulate || k0 > 0;
       // The block of B that comes next (the next k, else the next columns) is fetched into L2 while
@@ -226,6 +231,9 @@ void gemm(int64_t m, int64_t n, int64_t k, Operand a, Operand b, float* y, int64
           prefetch_row</*Write=*/0, /*Keep=*/2>(next.first + next_row * b.stride, next.row_length);
         const int64_t rows = std::min<int64_t>(kRows, m - i);
         const bool in_place = i / kRows < first_packed;
+        if (prefetch_left && i + kRows < first_packed * kRows)
+          for (int64_t r = i + kRows; r < i + 2 * kRows; ++r)
+            prefetch_row</*Write=*/0, /*Keep=*/2>(a.data + r * a.stride + k0, depth);
         const float* rows_of_a = in_place ? a.data + i * a.stride + k0
                                           : packed + (i / kRows - first_packed) * k * kRows + k0 * kRows;
         (in_place ? kInPlaceTile : kPackedTile)[packets](depth, rows_of_a, a.stride, slice, slice_stride,
@@ -233,6 +241,34 @@ void gemm(int64_t m, int64_t n, int64_t k, Operand a, Operand b, float* y, int64
       }
     }
   }
+}
+
+}  // namespace
+
+void gemm(int64_t m, int64_t n, int64_t k, Operand a, Operand b, float* y, int64_t ldy, bool accumulate) {
+  float* packed = nullptr;
+  if (m > 0 && n > 0 && k > 0) {
+    const int64_t packed_blocks = (m + kRows - 1) / kRows - first_packed_block(m, a);
+    packed = thread_scratch<kPackedLeft>(packed_blocks * kRows * k);
+    pack_left(m, k, a, packed);
+  }
+  multiply(m, n, k, a, packed, b, y, ldy, accumulate);
+}
+
+int64_t packed_left_floats(int64_t m, int64_t k) {
+  return (m + kRows - 1) / kRows * kRows * k;
+}
+
+PackedLeft pack_transposed_left(int64_t m, int64_t k, Operand a, float* packed) {
+  DPTRAIN_CHECK(a.transposed,
+                "pack_transposed_left: A is not transposed (read in place, it needs no packing)");
+  pack_left(m, k, a, packed);
+  return {a, packed};
+}
+
+void gemm_packed(int64_t m, int64_t n, int64_t k, PackedLeft a, Operand b, float* y, int64_t ldy,
+                 bool accumulate) {
+  multiply(m, n, k, a.operand, a.packed, b, y, ldy, accumulate);
 }
 
 }  // namespace dptrain::cpu

@@ -352,6 +352,14 @@ std::vector<Case> cases() {
                                          {{2, 20, 3, 3}, {18, 20, 5, 5}, 1, 2, false, true},
                                          {{2, 20, 2, 2}, {18, 20, 5, 5}, 1, 2, true, true},
                                          {{3, 24, 3, 3}, {16, 24, 2, 2}, 1, 1, true, true},
+                                         // per-tap GEMMs at stride 2 over the input's even and odd rows
+                                         // and columns: both ways (3x3/2 to 4x4, an odd plane whose odd
+                                         // phase is a row and a column short, a 5x5/2), and the forward
+                                         // only (3x3/2 to 8x8)
+                                         {{2, 16, 8, 8}, {24, 16, 3, 3}, 2, 1, true, true},
+                                         {{3, 20, 7, 7}, {18, 20, 3, 3}, 2, 1, false, true},
+                                         {{2, 16, 6, 6}, {16, 16, 5, 5}, 2, 2, true, false},
+                                         {{2, 16, 16, 16}, {20, 16, 3, 3}, 2, 1, false, true},
                                          // the weight gradient's staged blocks at 16 taps (a 4x4 kernel
                                          // over 2x2 to one pixel) and at 12 (3x4)
                                          {{1, 32, 2, 2}, {32, 32, 4, 4}, 1, 1, false, true},
@@ -364,9 +372,10 @@ std::vector<Case> cases() {
                                          {{2, 64, 32, 32}, {128, 64, 1, 1}, 1, 0, true, false},
                                          // weights over 1 MiB: small-plane forward, im2col backward
                                          {{1, 128, 6, 6}, {256, 128, 3, 3}, 1, 1, true, true},
-                                         // the GEMM's edges at stride 2 (ResNet's downsampling): 50 and
+                                         // the GEMM's edges at stride 2 (ResNet's downsampling), through
+                                         // im2col (12 channels are too few for per-tap GEMMs): 50 and
                                          // 98 columns, a ragged last block of them, 36 and 20 rows
-                                         {{2, 20, 9, 9}, {36, 20, 3, 3}, 2, 1, true, false},
+                                         {{2, 12, 9, 9}, {36, 12, 3, 3}, 2, 1, true, false},
                                          {{2, 36, 14, 14}, {20, 36, 1, 1}, 2, 0, false, true},
                                          // a ResNet stem (7x7/2, padding 3), whose im2col copies from
                                          // rows split into even and odd columns: an odd width and an
@@ -788,6 +797,7 @@ TEST(Gradients, WrittenOnesIgnoreWhatTheBufferHeld) {
       {"conv 1x1/1, in place, written by its GEMM", {2, 64, 32, 32, 200, 1, 1, 32, 32, 1, 0, false}},
       {"conv 1x1/1, a chunk of three samples", {3, 16, 4, 4, 8, 1, 1, 4, 4, 1, 0, false}},
       {"conv 3x3/1 over 2x2, per-tap GEMMs", {3, 16, 2, 2, 24, 3, 3, 2, 2, 1, 1, true}},
+      {"conv 3x3/2 to 4x4, per-tap GEMMs", {2, 16, 8, 8, 24, 3, 3, 4, 4, 2, 1, false}},
       // every other row and column of the input is read by no tap: its gradient is 0, not left as found
       {"conv 1x1/2, inputs no tap reads", {2, 4, 8, 8, 4, 1, 1, 4, 4, 2, 0, false}},
   };
