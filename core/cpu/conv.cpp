@@ -31,9 +31,10 @@ using ConvGeometry = Conv2dGeometry;
 
 // Samples per chunk: the chunk's scratch (columns, product or output gradient, and in backward the
 // columns' gradient when the input's is wanted) in about 1 MiB of floats, this machine's L2 per core,
-// but at least kMinColumns columns: every GEMM packs the whole weight matrix again, which a few
+// but at least kMinColumns columns: every GEMM copies its blocks of B and walks all of A, which a few
 // columns do not repay (resnet18 at 64x64 has 2x2 planes and 4,608-float patches: 12 samples a chunk
-// ran its 3x3 layers of 512 channels at 37 GFLOP/s, the whole batch of 32 at 69).
+// ran its 3x3 layers of 512 channels at 37 GFLOP/s, the whole batch of 32 at 69, when every chunk's
+// GEMM also packed W^T again; it is packed once a call since 2026-12-06).
 int64_t chunk_samples(const ConvGeometry& g, bool input_gradient) {
   constexpr int64_t kTargetFloats = 256 * 1024;
   constexpr int64_t kMinColumns = 768;

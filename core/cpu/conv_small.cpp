@@ -9,8 +9,8 @@
 // so only products with pixels inside the plane are made, where im2col multiplies the padding's zeros
 // too (20 of every 36 products at 3x3 over 2x2 planes: ResNet-18's last stage at 64x64 input). The
 // copies are of activations, a few hundred KiB at these planes, and of the weights, once per call
-// into [tap, out, in], the one layout that both the forward (as A) and the input gradient (as B) read
-// in place.
+// into [tap, out, in], the one layout that both the forward (as A, read in place) and the input
+// gradient (as B, whose blocks the GEMM copies from contiguous rows) take without a transpose.
 #include "core/cpu/conv_small.h"
 
 #include <omp.h>
@@ -38,13 +38,14 @@ constexpr int64_t kMinChannels = 16;
 constexpr double kForwardShare = 0.9;
 constexpr double kBackwardShare = simd::kLanes >= 16 ? 0.75 : 0.95;
 // At stride 2 the other way is im2col, whose copies at stride 2 go float by float. On the Intel Xeon
-// kind, one core, 3x3/2 layers with padding 1 (the share inside is 0.69 over 2x2 outputs, 0.84 over
-// 4x4, 0.907 over 7x7, 0.918 over 8x8, 0.952 over 14x14, 0.976 over 28x28), ms per call forward and
+// kind, one core, 3x3/2 layers with padding 1 over even planes (the share inside is 0.69 over 2x2
+// outputs, 0.84 over 4x4, 0.907 over 7x7, 0.918 over 8x8, 0.953 over 14x14, 0.959 over 16x16, 0.976
+// over 28x28; 16x16 and 128-512 channels were not timed, nor fewer channels), ms per call forward and
 // backward, im2col -> per tap: resnet18's at 64x64, batch 32: 64->128 over 8x8 3.20 -> 3.05 and 6.70
 // -> 7.99, 128->256 over 4x4 3.10 -> 2.30 and 6.22 -> 5.26, 256->512 over 2x2 3.11 -> 2.32 and 6.96 ->
 // 5.19; ResNet-50's at batch 16: 512 over 7x7 35.4 -> 28.6 and 69.1 -> 65.6, 256 over 14x14 35.9 ->
 // 33.1 and 71.8 -> 131.0, 128 over 28x28 35.5 -> 45.9 and 77.3 -> 226.0.
-constexpr double kStridedForwardShare = 0.96;
+constexpr double kStridedForwardShare = 0.955;
 constexpr double kStridedBackwardShare = 0.915;
 // Output channels per thread in the forward come in multiples of this (the GEMM's row block).
 constexpr int64_t kRowMultiple = 16;
@@ -71,7 +72,8 @@ struct InputSlots {
 };
 
 // The runs of every tap in tap order, one per output row, or one per block of rows where the tap
-// links whole rows to whole rows (the middle column of taps when out_w == width at stride 1).
+// links whole rows to whole rows (the middle column of taps when out_w == width at stride 1, the taps
+// of even columns when out_w == ceil(width / 2) at stride 2).
 std::vector<Run> runs_of(const Conv2dGeometry& g) {
   const InputSlots slot(g);
   const auto ceil_div = [](int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); };

@@ -9,12 +9,13 @@ namespace dptrain::cpu::small_plane_conv {
 
 // Whether the forward takes the convolution: stride 1 or 2, a kernel wider than 1x1, channels enough
 // for GEMMs, and planes where over a tenth of im2col's tap-pixel products meet padding (3x3 kernels
-// over 8x8 and 7x7 planes, 16% and 18%; over 4x4, 31%; over 2x2, 56%), at stride 2 over 4% (3x3/2
-// with padding 1 to outputs of 14x14 and less).
+// over 8x8 and 7x7 planes, 16% and 18%; over 4x4, 31%; over 2x2, 56%), at stride 2 over 4.5% (3x3/2
+// with padding 1 from even planes to outputs of 14x14 and less).
 bool applies(const Conv2dGeometry& g);
-// Whether backward() takes it: the same over a quarter, at stride 2 over 8.5% (3x3/2 to 7x7 and
+// Whether backward() takes it: at stride 1 over a quarter with AVX-512 and over 5% with AVX2, at
+// stride 2 over 8.5% (3x3/2 with padding 1 from even planes to 7x7 and less; from odd ones, 9x9 and
 // less). Its copies of the activations (the output gradient twice, the input, the input gradient)
-// grow with the planes; at 8x8 they cost more than the padding's products.
+// grow with the planes; at 8x8 with AVX-512 they cost more than the padding's products.
 bool applies_backward(const Conv2dGeometry& g);
 
 // As direct_conv::forward: visit(sample, channel, sums) for every plane of sums, bias not added,

@@ -2,17 +2,18 @@
 // weight gradient. Why not Eigen's: on the shapes of ResNet layers (m of 64-2048, k of 64-4608, n of
 // 192-3136 columns) Eigen 3.4's kernel ran at 125-147 GFLOP/s on one Zen 5 core whose 1024^3 Eigen
 // GEMM reaches 180-190, and at 46-140 on the weight gradients' shapes; this one at 125-200 (215 since
-// the prefetch below).
+// the prefetch below), then with B read in place, which no build does since 2026-12-06.
 //
 // The micro-kernel keeps a tile of Y, kRows rows by kPackets packets of columns, in registers
 // (24 accumulators with AVX-512) over a block of k: each step loads kPackets packets of a row of B
 // and multiplies them by kRows broadcast elements of A. A column block of B ([kDepth, kPackets
 // packets], 36 KiB) stays in L1 while every row block of A passes over it, and the column block of
 // Y stays in L2 across the blocks of k. A stored as it lies is read in place, kRows rows side by
-// side; a transposed A is packed once per call so that each row block's elements sit together (its
-// rows would be a stride apart at every step). A transposed B (the weight gradient's columns^T) is
-// transposed into the block's buffer in kLanes x kLanes blocks in registers. (Both copied element by
-// element, a weight gradient of 256 x 64 over 3136 pixels ran at 112 GFLOP/s; this way, 156.)
+// side; a transposed A is packed once per call (or once for several, gemm_packed) so that each row
+// block's elements sit together (its rows would be a stride apart at every step). A transposed B (the weight
+// gradient's columns^T) is transposed into the block's buffer in kLanes x kLanes blocks in registers. (Both
+// copied element by element, a weight gradient of 256 x 64 over 3136 pixels ran at 112 GFLOP/s; this way,
+// 156.)
 #include "core/cpu/gemm.h"
 
 #include <algorithm>
@@ -263,11 +264,13 @@ PackedLeft pack_transposed_left(int64_t m, int64_t k, Operand a, float* packed) 
   DPTRAIN_CHECK(a.transposed,
                 "pack_transposed_left: A is not transposed (read in place, it needs no packing)");
   pack_left(m, k, a, packed);
-  return {a, packed};
+  return {a, packed, m, k};
 }
 
 void gemm_packed(int64_t m, int64_t n, int64_t k, PackedLeft a, Operand b, float* y, int64_t ldy,
                  bool accumulate) {
+  DPTRAIN_CHECK(a.packed && a.m == m && a.k == k, "gemm_packed: A was packed as [", a.m, ", ", a.k,
+                "], not [", m, ", ", k, "]");
   multiply(m, n, k, a.operand, a.packed, b, y, ldy, accumulate);
 }
 

@@ -7,7 +7,8 @@ namespace dptrain::cpu {
 
 // An operand [rows, cols] at data[r * stride + c], or, transposed, stored [cols, rows] at
 // data[c * stride + r]. `streamed` marks a left operand that comes from memory rather than cache (an
-// output gradient, read once per block of columns), whose rows the GEMM then fetches a block ahead.
+// output gradient, read once per block of columns): read in place with rows more than a page apart
+// and over 1 MiB in all, its rows are then fetched a row block ahead.
 struct Operand {
   const float* data;
   int64_t stride;
@@ -29,13 +30,14 @@ void gemm(int64_t m, int64_t n, int64_t k, Operand a, Operand b, float* y, int64
 // channels).
 struct PackedLeft {
   Operand operand;
-  const float* packed;
+  const float* packed = nullptr;
+  int64_t m = 0, k = 0;  // its shape, which gemm_packed checks
 };
 // Floats that the packing of an A [m, k] takes.
 int64_t packed_left_floats(int64_t m, int64_t k);
 // Packs a (transposed) into `packed`, packed_left_floats(m, k) of them, which must outlive the result.
 PackedLeft pack_transposed_left(int64_t m, int64_t k, Operand a, float* packed);
-// gemm with A packed beforehand: the same bits.
+// gemm with A packed beforehand (for the same m and k): the same bits.
 void gemm_packed(int64_t m, int64_t n, int64_t k, PackedLeft a, Operand b, float* y, int64_t ldy,
                  bool accumulate);
 

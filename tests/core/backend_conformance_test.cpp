@@ -360,6 +360,9 @@ std::vector<Case> cases() {
                                          {{3, 20, 7, 7}, {18, 20, 3, 3}, 2, 1, false, true},
                                          {{2, 16, 6, 6}, {16, 16, 5, 5}, 2, 2, true, false},
                                          {{2, 16, 16, 16}, {20, 16, 3, 3}, 2, 1, false, true},
+                                         // ... an even kernel over an odd plane, and a 3x1 kernel
+                                         {{2, 16, 5, 5}, {16, 16, 2, 2}, 2, 1, true, true},
+                                         {{2, 16, 7, 6}, {16, 16, 3, 1}, 2, 1, false, true},
                                          // the weight gradient's staged blocks at 16 taps (a 4x4 kernel
                                          // over 2x2 to one pixel) and at 12 (3x4)
                                          {{1, 32, 2, 2}, {32, 32, 4, 4}, 1, 1, false, true},
