@@ -34,9 +34,14 @@ constexpr int64_t kMinChannels = 16;
 // in 14.4 against 11.5; backward at 8x8 took 24.2 ms against 20.6 direct). That core had AVX-512.
 // With AVX2 (a Zen 3 core) these kernels win the backward up to 95% inside: resnet18's 128 channels
 // over 8x8 took 63 ms a step against 148 through im2col, its 64 over 16x16 125 against 142-159, and
-// resnet50's step 10.6 s of kernels against 11.0.
+// resnet50's step 10.6 s of kernels against 11.0. On the Intel Xeon kind (AVX-512, one core), with
+// the transposes below in registers (2026-12-06), these kernels won the backward up to 0.91 inside
+// and lost it above (ms a call, against the direct kernels or im2col): ResNet-50's 512 over 7x7 (0.82)
+// at batch 16 53 against 74, its 256 over 14x14 (0.907) 61 against 70-80; resnet18's 128 over 8x8
+// (0.84) at batch 32 8.4 against 11.1, its 64 over 16x16 (0.918) 12.9 against 10.0. Those have not
+// been timed on the AMD kind since its 8x8 figure above.
 constexpr double kForwardShare = 0.9;
-constexpr double kBackwardShare = simd::kLanes >= 16 ? 0.75 : 0.95;
+constexpr double kBackwardShare = simd::kLanes >= 16 ? 0.91 : 0.95;
 // At stride 2 the other way is im2col, whose copies at stride 2 go float by float. On the Intel Xeon
 // kind, one core, 3x3/2 layers with padding 1 over even planes (the share inside is 0.69 over 2x2
 // outputs, 0.84 over 4x4, 0.907 over 7x7, 0.918 over 8x8, 0.953 over 14x14, 0.959 over 16x16, 0.976
@@ -131,6 +136,32 @@ using simd::Block;
 using simd::kLanes;
 using simd::Packet;
 
+// to_row(j)[i] = from_row(i)[j] (+= with Add) for i < rows, j < cols: blocks of kLanes x kLanes go
+// through a transpose in registers, so that every load and store is a packet; the edges go float by
+// float. Each element is written (or added to) once, so the bits are those of a loop over elements.
+// (Float by float, with a row of the other side a plane apart at each step, the backward's three
+// transposes took about 7 ms of the 74 that ResNet-50's 256 channels over 14x14 took a call, one
+// Intel Xeon core.)
+template <bool Add, typename FromRow, typename ToRow>
+void transpose(int64_t rows, int64_t cols, FromRow from_row, ToRow to_row) {
+  const int64_t whole_rows = rows / kLanes * kLanes, whole_cols = cols / kLanes * kLanes;
+  for (int64_t i = 0; i < whole_rows; i += kLanes)
+    for (int64_t j = 0; j < whole_cols; j += kLanes) {
+      Block block;
+      for (int64_t t = 0; t < kLanes; ++t) block.packet[t] = simd::load(from_row(i + t) + j);
+      Eigen::internal::ptranspose(block);
+      for (int64_t t = 0; t < kLanes; ++t) {
+        float* to = to_row(j + t) + i;
+        simd::pstoreu(to, Add ? simd::padd(simd::load(to), block.packet[t]) : block.packet[t]);
+      }
+    }
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = i < whole_rows ? whole_cols : 0; j < cols; ++j) {
+      float& to = to_row(j)[i];
+      to = Add ? to + from_row(i)[j] : from_row(i)[j];
+    }
+}
+
 // Whether the block of kLanes input channels from c0 goes through registers (below): T <= kLanes,
 // and its last packet's kLanes floats inside the output channel's C * T (another thread's otherwise).
 bool in_registers(const Conv2dGeometry& g, int64_t c0) {
@@ -191,18 +222,25 @@ void add_weight_gradient(const Conv2dGeometry& g, const float* by_tap, float* gw
 // x [B, C, Q] -> [C, S, B] (ChannelMajor) or [S, B, C], S the input slots (InputSlots): each row
 // x[b, c] read once, its Q floats written to Q places that move on together.
 template <bool ChannelMajor>
-const float* input_by_slot(const Conv2dGeometry& g, const float* x) {
+const float* input_by_slot(const Conv2dGeometry& g, const float* x, const std::vector<int64_t>& slots) {
   const int64_t B = g.batch, C = g.channels, Q = input_pixels(g), S = InputSlots(g).count();
-  const std::vector<int64_t> slots = slots_of_pixels(g);
   const int64_t* slot = slots.data();
   float* to = thread_scratch<kInput>(B * C * S);
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t outer = 0; outer < (ChannelMajor ? C : B); ++outer)
-    for (int64_t inner = 0; inner < (ChannelMajor ? B : C); ++inner) {
-      const int64_t c = ChannelMajor ? outer : inner, b = ChannelMajor ? inner : outer;
-      for (int64_t q = 0; q < Q; ++q)
-        to[ChannelMajor ? (c * S + slot[q]) * B + b : (slot[q] * B + b) * C + c] = x[(b * C + c) * Q + q];
-    }
+  if constexpr (!ChannelMajor) {
+    // Sample b's [C, Q] transposed into rows slot[q] * B + b (at C floats).
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < B; ++b)
+      transpose</*Add=*/false>(
+          C, Q, [&](int64_t c) { return x + (b * C + c) * Q; },
+          [&](int64_t q) { return to + (slot[q] * B + b) * C; });
+    return to;
+  }
+  // Channel c's [B, Q] transposed into rows c * S + slot[q].
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < C; ++c)
+    transpose</*Add=*/false>(
+        B, Q, [&](int64_t b) { return x + (b * C + c) * Q; },
+        [&](int64_t q) { return to + (c * S + slot[q]) * B; });
   return to;
 }
 
@@ -230,7 +268,7 @@ void forward(const Conv2dGeometry& g, const float* x, const float* w,
   const std::vector<Run> runs = runs_of(g);
   const int64_t B = g.batch, C = g.channels, O = g.out_channels, P = g.pixels(), S = InputSlots(g).count();
   const float* by_tap = weights_by_tap(g, w);
-  const float* input = input_by_slot<true>(g, x);
+  const float* input = input_by_slot<true>(g, x, slots_of_pixels(g));
   float* sums = thread_scratch<kSums>(O * P * B);
   // Each thread takes a block of output channels through every run; nested, the GEMM runs on the
   // thread that calls it (its own parallel loop is over columns, here at most a plane of samples).
@@ -258,6 +296,8 @@ void backward(const Conv2dGeometry& g, const float* x, const float* w, float* gx
   const std::vector<Run> runs = runs_of(g);
   const int64_t B = g.batch, C = g.channels, O = g.out_channels, P = g.pixels(), Q = input_pixels(g);
   const int64_t S = InputSlots(g).count(), T = taps(g);
+  const std::vector<int64_t> slots = slots_of_pixels(g);
+  const int64_t* slot = slots.data();
   // The output gradient as [P, B, O], written into zeros.
   float* by_pixel = thread_scratch<kGradientByPixel>(P * B * O);
   std::fill_n(by_pixel, P * B * O, 0.0f);
@@ -273,19 +313,22 @@ void backward(const Conv2dGeometry& g, const float* x, const float* w, float* gx
     for (const Run& run : runs)
       gemm(run.length * B, C, O, {by_pixel + run.first_output * B * O, O}, {by_tap + run.tap * O * C, C},
            sums + run.first_input * B * C, C, /*accumulate=*/true);
-    const std::vector<int64_t> slots = slots_of_pixels(g);
-    const int64_t* slot = slots.data();
-#pragma omp parallel for collapse(2) schedule(static)
+      // Rows slot[q] * B + b of the sums, sample b's [Q, C], added transposed into its [C, Q].
+#pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < B; ++b)
-      for (int64_t c = 0; c < C; ++c)
-        for (int64_t q = 0; q < Q; ++q) gx[(b * C + c) * Q + q] += sums[(slot[q] * B + b) * C + c];
+      transpose</*Add=*/true>(
+          Q, C, [&](int64_t q) { return sums + (slot[q] * B + b) * C; },
+          [&](int64_t c) { return gx + (b * C + c) * Q; });
   }
   if (!gw && !gbias) return;
   // ... and as [O, P, B], each channel's gradients a row.
   float* by_channel = thread_scratch<kGradientByChannel>(O * P * B);
+  // In blocks of kLanes output channels, the threads' share.
 #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < O; ++o)
-    for (int64_t i = 0; i < P * B; ++i) by_channel[o * P * B + i] = by_pixel[i * O + o];
+  for (int64_t o0 = 0; o0 < O; o0 += kLanes)
+    transpose</*Add=*/false>(
+        P * B, std::min(kLanes, O - o0), [&](int64_t i) { return by_pixel + i * O + o0; },
+        [&](int64_t o) { return by_channel + (o0 + o) * P * B; });
   if (gbias)
     for (int64_t o = 0; o < O; ++o) {
       float sum = 0.0f;
@@ -293,7 +336,7 @@ void backward(const Conv2dGeometry& g, const float* x, const float* w, float* gx
       gbias[o] += sum;
     }
   if (!gw) return;
-  const float* input = input_by_slot<false>(g, x);
+  const float* input = input_by_slot<false>(g, x, slots);
   float* sums = thread_scratch<kWeightGradient>(T * O * C);
   for (int64_t t = 0; t < T; ++t) {
     bool reached = false;  // the first run of a tap writes its sums, the later ones add

@@ -333,10 +333,11 @@ std::vector<Case> cases() {
                                          {{2, 80, 16, 16}, {36, 80, 3, 3}, 1, 1, false, true},
                                          {{2, 20, 24, 24}, {24, 20, 5, 5}, 1, 2, true, false},
                                          {{2, 40, 15, 15}, {84, 40, 3, 3}, 1, 1, true, true},
-                                         // small-plane forward, direct backward (ResNet's 3x3 over 8x8):
-                                         // 2.5 and 5 packets of input channels, the ReLU-masked output
-                                         // gradient written with a channel tail and a pixel tail; 1x1
-                                         // and rows of 6 for 4 outputs go to im2col
+                                         // per-tap GEMMs both ways (ResNet's 3x3 over 8x8; the direct
+                                         // backward until 2026-12-06, whose tails the 15x15 row above
+                                         // keeps): 2.5 and 5 packets of input channels, the ReLU-masked
+                                         // output gradient transposed with a channel tail and a pixel
+                                         // tail; 1x1 and rows of 6 for 4 outputs go to im2col
                                          {{2, 40, 7, 9}, {80, 40, 3, 3}, 1, 1, true, true},
                                          {{2, 80, 8, 8}, {36, 80, 3, 3}, 1, 1, false, false},
                                          {{2, 40, 7, 9}, {84, 40, 3, 3}, 1, 1, true, false},
