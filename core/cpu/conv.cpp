@@ -29,26 +29,34 @@ namespace {
 // K = patch(): rows of the column matrix; P = pixels(): outputs per sample and channel.
 using ConvGeometry = Conv2dGeometry;
 
-// Samples per chunk: the chunk's scratch (columns, product or output gradient, and in backward the
-// columns' gradient when the input's is wanted) in about 1 MiB of floats, this machine's L2 per core,
-// but at least kMinColumns columns: every GEMM copies its blocks of B and walks all of A, which a few
-// columns do not repay (resnet18 at 64x64 has 2x2 planes and 4,608-float patches: 12 samples a chunk
-// ran its 3x3 layers of 512 channels at 37 GFLOP/s, the whole batch of 32 at 69, when every chunk's
-// GEMM also packed W^T again; it is packed once a call since 2026-12-06).
-int64_t chunk_samples(const ConvGeometry& g, bool input_gradient) {
-  constexpr int64_t kTargetFloats = 256 * 1024;
-  constexpr int64_t kMinColumns = 768;
-  const int64_t per_sample = (g.patch() * (input_gradient ? 2 : 1) + g.out_channels) * g.pixels();
-  const int64_t wide_enough = (kMinColumns + g.pixels() - 1) / g.pixels();
-  return std::clamp<int64_t>(std::max(kTargetFloats / per_sample, wide_enough), 1, g.batch);
-}
-
 // A 1x1 convolution at stride 1 without padding: one sample's column matrix [C, P] is that sample's
 // input as it lies, and its columns' gradient is the input's gradient as it lies (added into it, or
 // written where it is to be written), so one-sample chunks read and write the tensors themselves
 // instead of copies.
 bool columns_are_input(const ConvGeometry& g) {
   return g.kernel_h == 1 && g.kernel_w == 1 && g.stride == 1 && g.padding == 0;
+}
+
+// Samples per chunk: the chunk's scratch (columns, product or output gradient, and in backward the
+// columns' gradient when the input's is wanted) in about 1 MiB of floats, this machine's L2 per core,
+// but at least kMinColumns columns: every GEMM copies its blocks of B and walks all of A, which a few
+// columns do not repay (resnet18 at 64x64 has 2x2 planes and 4,608-float patches: 12 samples a chunk
+// ran its 3x3 layers of 512 channels at 37 GFLOP/s, the whole batch of 32 at 69, when every chunk's
+// GEMM also packed W^T again; it is packed once a call since 2026-12-06). Except that a 1x1
+// convolution at stride 1 over planes of kMinInPlacePixels or more runs a chunk per sample, in place: a chunk
+// of several samples copies its input into columns, its output gradient into a matrix and the columns'
+// gradient back, and only over smaller planes do its wider GEMMs repay that (one Intel Xeon core, batch 16,
+// ms a call forward and backward, chunks of 4 samples -> one: ResNet-50's 1024->256 over 14x14 14.8 -> 13.7
+// and 29.8 -> 26.5, 256->1024 14.6 -> 13.5 and 28.5 -> 27.9; 512->512 over 12x12 9.9 -> 8.8 and 19.6 -> 17.8,
+// over 10x10 7.1 -> 7.0 and 14.1 -> 13.4; over 7x7 the whole batch's 16.5 and 31.3 became 21 and 34).
+constexpr int64_t kMinInPlacePixels = 96;
+int64_t chunk_samples(const ConvGeometry& g, bool input_gradient) {
+  if (columns_are_input(g) && g.pixels() >= kMinInPlacePixels) return 1;
+  constexpr int64_t kTargetFloats = 256 * 1024;
+  constexpr int64_t kMinColumns = 768;
+  const int64_t per_sample = (g.patch() * (input_gradient ? 2 : 1) + g.out_channels) * g.pixels();
+  const int64_t wide_enough = (kMinColumns + g.pixels() - 1) / g.pixels();
+  return std::clamp<int64_t>(std::max(kTargetFloats / per_sample, wide_enough), 1, g.batch);
 }
 
 // Output columns ow whose input column ow*s - p + kw lies inside [0, width): [begin, end).
