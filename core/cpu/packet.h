@@ -1,10 +1,14 @@
-// Eigen's packet of floats for the build's vector ISA (16 lanes with AVX-512), and the operations
-// the CPU's hand-blocked kernels use on it.
+// Eigen's packet of floats for the build's vector ISA (16 lanes with AVX-512), the operations the
+// CPU's hand-blocked kernels use on it, their per-thread scratch, and streamed (non-temporal) stores.
 #pragma once
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <cstdint>
 #include <vector>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 namespace dptrain::cpu::simd {
 
@@ -41,6 +45,52 @@ float* thread_scratch(int64_t floats) {
   thread_local AlignedFloats buffer;
   if (static_cast<int64_t>(buffer.size()) < floats) buffer.resize(static_cast<std::size_t>(floats));
   return buffer.data();
+}
+
+// Non-temporal stores, for an output written once and read again only after it would have left the
+// cache anyway: a plain store that misses reads its line from memory first, a streamed one does not,
+// which takes a third off the traffic of a pass that reads one tensor and writes another. They need
+// a destination aligned to a packet, and the vector ISA's streaming store (AVX or AVX-512).
+#if defined(__AVX512F__) || defined(__AVX__)
+constexpr bool kStreamingStores = true;
+#else
+constexpr bool kStreamingStores = false;
+#endif
+inline bool streamable(const float* to, int64_t n) {
+  return kStreamingStores && reinterpret_cast<std::uintptr_t>(to) % (sizeof(float) * kLanes) == 0 &&
+         n % kLanes == 0;
+}
+
+// to[0, n) = what write(piece, first, count) leaves in piece[0, count) for the elements [first, first +
+// count), computed a few KiB at a time into a buffer in L1 and streamed out from there. The arithmetic
+// is the caller's own loop, so the bits are those it would store; streamable(to, n) must hold.
+// Streamed stores are weakly ordered: the caller fences (stream_fence) before another thread may read
+// them, once for many calls (a fence waits for the stores to drain: one per plane took back most of
+// what streaming gave BatchNorm).
+template <typename Write>
+void write_streamed(float* to, int64_t n, Write write) {
+  constexpr int64_t kPiece = 1024;
+  alignas(64) float piece[kPiece];
+  for (int64_t first = 0; first < n; first += kPiece) {
+    const int64_t count = std::min(kPiece, n - first);
+    write(piece, first, count);
+    for (int64_t i = 0; i < count; i += kLanes) {
+#if defined(__AVX512F__)
+      if constexpr (kLanes == 16) {
+        _mm512_stream_ps(to + first + i, _mm512_load_ps(piece + i));
+        continue;
+      }
+#endif
+#if defined(__AVX__)
+      if constexpr (kLanes == 8) _mm256_stream_ps(to + first + i, _mm256_load_ps(piece + i));
+#endif
+    }
+  }
+}
+inline void stream_fence() {
+#if defined(__AVX__)
+  _mm_sfence();
+#endif
 }
 
 }  // namespace dptrain::cpu::simd

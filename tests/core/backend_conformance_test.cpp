@@ -653,7 +653,9 @@ TEST(Fused, BatchNormAddReluIsItsPartsBitwise) {
 // Training's BatchNorm kernels as one call per direction (what the CPU backend runs a channel at a
 // time) give the results of the separate kernels, which SyncBatchNorm runs and which Backend's
 // defaults call in turn, bit for bit: output, statistics, running statistics and every gradient, with
-// each epilogue, below and above the size where the CPU's backward takes a channel at a time. The first
+// each epilogue, below and above the size where the CPU's backward takes a channel at a time (and
+// streams what it writes: planes of one piece, of two with a ragged second, and planes off the
+// packets' alignment, which it writes as it lies). The first
 // backward writes the one call's gradients over NaN and adds the separate kernels' into zeros; the
 // second adds into what the first left, on both sides.
 TEST(Fused, BatchNormTrainingKernelsAreTheSeparateOnesBitwise) {
@@ -661,7 +663,8 @@ TEST(Fused, BatchNormTrainingKernelsAreTheSeparateOnesBitwise) {
   devices.push_back(Device::reference());
   for (const Device device : devices)
     for (const BatchNormShape s :
-         {BatchNormShape{4, 3, 35}, BatchNormShape{3, 5, 1}, BatchNormShape{8, 33, 1024}})
+         {BatchNormShape{4, 3, 35}, BatchNormShape{3, 5, 1}, BatchNormShape{8, 33, 1024},
+          BatchNormShape{4, 40, 1648}, BatchNormShape{2, 67, 1960}})
       for (const bool residual : {false, true})
         for (const bool relu : {false, true}) {
           Backend& backend = backend_for(device);
