@@ -59,6 +59,28 @@ int64_t chunk_samples(const ConvGeometry& g, bool input_gradient) {
   return std::clamp<int64_t>(std::max(kTargetFloats / per_sample, wide_enough), 1, g.batch);
 }
 
+// Output rows [row0, row1) of samples [first, first + count): the part of the batch that one column
+// matrix holds, [K, count * (row1 - row0) * OW]. Whole rows of whole samples, or, where one sample's
+// scratch alone outgrows the target, a band of one sample's rows.
+struct Rows {
+  int64_t first, count, row0, row1;
+  int64_t columns(const ConvGeometry& g) const { return count * (row1 - row0) * g.out_w; }
+};
+
+// Output rows per band of a one-sample chunk: all of them unless the sample's scratch exceeds about 1
+// MiB of floats (chunk_samples' target), and then as many as keep it there, but at least kMinColumns'
+// worth. ResNet-50's stem has a column matrix of 7.4 MB a sample (147 floats for each of 12,544
+// outputs), written to memory and read back; in bands of 11 rows it stays in L2 (one Intel Xeon core,
+// batch 16: forward 49.0 -> 38.4 ms a step, the weight gradient 47.6 -> 47.4; with the input gradient
+// too, a stem that is not the first layer, 110 -> 95 ms a call).
+int64_t band_rows(const ConvGeometry& g, bool input_gradient) {
+  constexpr int64_t kTargetFloats = 256 * 1024;
+  constexpr int64_t kMinColumns = 768;
+  const int64_t per_row = (g.patch() * (input_gradient ? 2 : 1) + g.out_channels) * g.out_w;
+  const int64_t wide_enough = (kMinColumns + g.out_w - 1) / g.out_w;
+  return std::clamp<int64_t>(std::max(kTargetFloats / per_row, wide_enough), 1, g.out_h);
+}
+
 // Output columns ow whose input column ow*s - p + kw lies inside [0, width): [begin, end).
 struct ValidRange {
   int64_t begin, end;
@@ -71,20 +93,19 @@ ValidRange valid_columns(const ConvGeometry& g, int64_t kw) {
 }
 
 // Row k of the column matrix (im2col, below). Geometry by value: OpenMP-outlined loops re-read shared state.
-void im2col_row(const ConvGeometry g, const float* x, int64_t first, int64_t count, int64_t k, float* cols,
-                const float* split) {
-  const int64_t n = count * g.pixels();
+void im2col_row(const ConvGeometry g, const float* x, Rows rows, int64_t k, float* cols, const float* split) {
+  const int64_t n = rows.columns(g), band = (rows.row1 - rows.row0) * g.out_w;
   const int64_t c = k / (g.kernel_h * g.kernel_w), kh = (k / g.kernel_w) % g.kernel_h, kw = k % g.kernel_w;
   const ValidRange valid = valid_columns(g, kw);
   const int64_t shift = kw - g.padding;  // input column = ow * stride + shift
   // At stride 2, input column 2 ow + shift is float ow + half_shift of the row's half `phase`.
   const int64_t half = (g.width + 1) / 2, phase = shift & 1, half_shift = (shift - phase) / 2;
   float* row = cols + k * n;
-  for (int64_t b = 0; b < count; ++b) {
-    const float* plane = x + ((first + b) * g.channels + c) * g.height * g.width;
-    for (int64_t oh = 0; oh < g.out_h; ++oh) {
+  for (int64_t b = 0; b < rows.count; ++b) {
+    const float* plane = x + ((rows.first + b) * g.channels + c) * g.height * g.width;
+    for (int64_t oh = rows.row0; oh < rows.row1; ++oh) {
       const int64_t ih = oh * g.stride - g.padding + kh;
-      float* dst = row + b * g.pixels() + oh * g.out_w;
+      float* dst = row + b * band + (oh - rows.row0) * g.out_w;
       if (ih < 0 || ih >= g.height) {
         std::fill_n(dst, g.out_w, 0.0f);
         continue;
@@ -131,34 +152,38 @@ const float* split_columns(const ConvGeometry& g, const float* x, int64_t first,
   return split;
 }
 
-// For samples [first, first + count): cols[k, b*P + oh*OW + ow] = x[first + b, c, oh*s - p + kh,
-// ow*s - p + kw] (0 outside), k = (c, kh, kw). Bounds are resolved per row, so the inner loop is a
-// plain contiguous copy: at stride 1 from the input's row, at stride 2 from the even or odd half of
-// that row, which split_columns puts side by side first.
-void im2col(const ConvGeometry& g, const float* x, int64_t first, int64_t count, float* cols) {
-  // Where a row's taps read each input float at most twice (3x3/2, 1x1/2) the split's extra pass did
-  // not pay: ResNet-50's 3x3/2 and 1x1/2 layers took 2-3 ms a step longer with it.
-  const float* split = g.stride == 2 && g.kernel_w > 3 ? split_columns(g, x, first, count) : nullptr;
-#pragma omp parallel for schedule(static)
-  for (int64_t k = 0; k < g.patch(); ++k) im2col_row(g, x, first, count, k, cols, split);
+// The rows of samples [first, first + count) split for im2col (split_columns), or nullptr where it
+// copies from the rows as they lie. Where a row's taps read each input float at most twice (3x3/2,
+// 1x1/2) the split's extra pass did not pay: ResNet-50's 3x3/2 and 1x1/2 layers took 2-3 ms a step
+// longer with it.
+const float* split_for_im2col(const ConvGeometry& g, const float* x, int64_t first, int64_t count) {
+  return g.stride == 2 && g.kernel_w > 3 ? split_columns(g, x, first, count) : nullptr;
 }
 
-// The adjoint of im2col for samples [first, first + count): gx[b, c, ih, iw] += gcols[k, ...].
-// Parallel over channels, since every k of one channel writes the same input plane.
-void col2im_channel(const ConvGeometry g, const float* gcols, int64_t first, int64_t count, int64_t c,
-                    float* gx) {
-  const int64_t n = count * g.pixels();
+// For output rows `rows`: cols[k, b*R*OW + (oh - row0)*OW + ow] = x[first + b, c, oh*s - p + kh,
+// ow*s - p + kw] (0 outside), k = (c, kh, kw), R the rows. Bounds are resolved per row, so the inner
+// loop is a plain contiguous copy: at stride 1 from the input's row, at stride 2 from the even or odd
+// half of that row, which split (split_for_im2col of the same samples) holds side by side.
+void im2col(const ConvGeometry& g, const float* x, Rows rows, const float* split, float* cols) {
+#pragma omp parallel for schedule(static)
+  for (int64_t k = 0; k < g.patch(); ++k) im2col_row(g, x, rows, k, cols, split);
+}
+
+// The adjoint of im2col for output rows `rows`: gx[b, c, ih, iw] += gcols[k, ...]. Parallel over
+// channels, since every k of one channel writes the same input plane.
+void col2im_channel(const ConvGeometry g, const float* gcols, Rows rows, int64_t c, float* gx) {
+  const int64_t n = rows.columns(g), band = (rows.row1 - rows.row0) * g.out_w;
   for (int64_t kh = 0; kh < g.kernel_h; ++kh)
     for (int64_t kw = 0; kw < g.kernel_w; ++kw) {
       const float* row = gcols + ((c * g.kernel_h + kh) * g.kernel_w + kw) * n;
       const ValidRange valid = valid_columns(g, kw);
       const int64_t shift = kw - g.padding;
-      for (int64_t b = 0; b < count; ++b) {
-        float* plane = gx + ((first + b) * g.channels + c) * g.height * g.width;
-        for (int64_t oh = 0; oh < g.out_h; ++oh) {
+      for (int64_t b = 0; b < rows.count; ++b) {
+        float* plane = gx + ((rows.first + b) * g.channels + c) * g.height * g.width;
+        for (int64_t oh = rows.row0; oh < rows.row1; ++oh) {
           const int64_t ih = oh * g.stride - g.padding + kh;
           if (ih < 0 || ih >= g.height) continue;
-          const float* src = row + b * g.pixels() + oh * g.out_w;
+          const float* src = row + b * band + (oh - rows.row0) * g.out_w;
           float* dst = plane + ih * g.width + shift;
           // With g.stride in the index GCC keeps the loop scalar; at stride 1 it vectorises (ResNet-50's
           // 3x3 layers of 256 channels over 14x14: backward 206 -> 196 ms a step, one AMD EPYC core).
@@ -173,45 +198,60 @@ void col2im_channel(const ConvGeometry g, const float* gcols, int64_t first, int
     }
 }
 
-void col2im_add(const ConvGeometry& g, const float* gcols, int64_t first, int64_t count, float* gx) {
+void col2im_add(const ConvGeometry& g, const float* gcols, Rows rows, float* gx) {
 #pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < g.channels; ++c) col2im_channel(g, gcols, first, count, c, gx);
+  for (int64_t c = 0; c < g.channels; ++c) col2im_channel(g, gcols, rows, c, gx);
 }
 
-// Backward's GEMMs for samples [first, first + count), given their output gradient gy as [O, count*P].
-// gx is added into, except that a one-sample 1x1 chunk (in_place) writes it where gx.overwrite says
-// to: the bits of adding into zeros, as the GEMM's sums start from +0 (never -0). backward_with
-// leaves overwrite set only where every chunk is such a chunk.
+// Backward's GEMMs for samples [first, first + count), given their output gradient gy as [O, count*P],
+// in bands of rows_per_band output rows (out_h unless the chunk is one sample). gx is added into,
+// except that a one-sample 1x1 chunk (in_place) writes it where gx.overwrite says to: the bits of
+// adding into zeros, as the GEMM's sums start from +0 (never -0). backward_with leaves overwrite set
+// only where every chunk is such a chunk.
 void chunk_backward(const ConvGeometry& g, const float* gy, const float* x, PackedLeft w_transposed,
-                    GradientOut gx, float* gw, float* gbias, int64_t first, int64_t count, float* cols,
-                    float* gcols) {
+                    GradientOut gx, float* gw, float* gbias, int64_t first, int64_t count,
+                    int64_t rows_per_band, float* cols, float* gcols) {
   const int64_t K = g.patch(), O = g.out_channels, n = count * g.pixels();
-  const bool in_place = count == 1 && columns_are_input(g);
   auto gy_mat = unaligned_mat(gy, O, n);  // in place, gy is a sample of the tensor
   if (gbias) Eigen::Map<Eigen::VectorXf>(gbias, O) += gy_mat.rowwise().sum();
-  if (gw) {
-    const float* columns = x + first * K * n;
-    if (!in_place) im2col(g, x, first, count, cols), columns = cols;
-    gemm(O, K, n, {gy, n, /*transposed=*/false, /*streamed=*/true}, {columns, n, /*transposed=*/true}, gw, K,
-         /*accumulate=*/true);
+  if (count == 1 && columns_are_input(g)) {
+    if (gw)
+      gemm(O, K, n, {gy, n, /*transposed=*/false, /*streamed=*/true},
+           {x + first * K * n, n, /*transposed=*/true}, gw, K, /*accumulate=*/true);
+    if (gx)
+      gemm_packed(K, n, O, w_transposed, {gy, n}, gx.data + first * K * n, n, /*accumulate=*/!gx.overwrite);
+    return;
   }
-  if (gx && in_place) {
-    gemm_packed(K, n, O, w_transposed, {gy, n}, gx.data + first * K * n, n, /*accumulate=*/!gx.overwrite);
-  } else if (gx) {
-    gemm_packed(K, n, O, w_transposed, {gy, n}, gcols, n, /*accumulate=*/false);
-    col2im_add(g, gcols, first, count, gx.data);
+  const float* split = gw ? split_for_im2col(g, x, first, count) : nullptr;
+  for (int64_t row0 = 0; row0 < g.out_h; row0 += rows_per_band) {
+    const Rows rows{first, count, row0, std::min(g.out_h, row0 + rows_per_band)};
+    const int64_t columns = rows.columns(g);
+    const float* band = gy + row0 * g.out_w;  // its rows n floats apart
+    if (gw) {
+      im2col(g, x, rows, split, cols);
+      gemm(O, K, columns, {band, n, /*transposed=*/false, /*streamed=*/true},
+           {cols, columns, /*transposed=*/true}, gw, K, /*accumulate=*/true);
+    }
+    if (gx) {
+      gemm_packed(K, columns, O, w_transposed, {band, n}, gcols, columns, /*accumulate=*/false);
+      col2im_add(g, gcols, rows, gx.data);
+    }
   }
 }
 
-// Scratch of one chunk: its columns unless the input serves (columns_are_input), its [O, chunk*P]
-// product or output gradient unless the tensor itself serves, and the columns' gradient when the
-// input's is wanted and cannot take it directly. Backward's W^T, packed once for all chunks.
+// Scratch of one chunk: the columns of a band of its rows unless the input serves (columns_are_input),
+// its [O, chunk*P] product or output gradient unless the tensor itself serves, and the columns'
+// gradient when the input's is wanted and cannot take it directly. Backward's W^T, packed once for all
+// chunks.
 struct ChunkBuffers {
-  ChunkBuffers(const ConvGeometry& g, int64_t chunk, bool input_gradient, bool outputs_in_place)
+  ChunkBuffers(const ConvGeometry& g, int64_t chunk, int64_t rows_per_band, bool input_gradient,
+               bool outputs_in_place)
       : columns_in_place(chunk == 1 && columns_are_input(g)),
-        cols(columns_in_place ? 0 : sizeof(float) * g.patch() * chunk * g.pixels()),
+        cols(columns_in_place ? 0 : sizeof(float) * g.patch() * chunk * rows_per_band * g.out_w),
         outputs(outputs_in_place ? 0 : sizeof(float) * g.out_channels * chunk * g.pixels()),
-        gcols(input_gradient && !columns_in_place ? sizeof(float) * g.patch() * chunk * g.pixels() : 0),
+        gcols(input_gradient && !columns_in_place
+                  ? sizeof(float) * g.patch() * chunk * rows_per_band * g.out_w
+                  : 0),
         packed_weights(input_gradient ? sizeof(float) * packed_left_floats(g.patch(), g.out_channels) : 0) {}
   bool columns_in_place;
   Storage cols, outputs, gcols, packed_weights;
@@ -284,8 +324,9 @@ void backward_with(const ConvGeometry& g, const float* x, const float* w, Gradie
   if (direct_conv::applies_backward(g))
     return direct_conv::backward(g, x, w, adding_into(gx, g), gw, gbias, write_output_gradient);
   const int64_t P = g.pixels(), O = g.out_channels, chunk = chunk_samples(g, bool(gx));
+  const int64_t rows_per_band = chunk == 1 ? band_rows(g, bool(gx)) : g.out_h;
   const bool gradient_in_place = output_gradient != nullptr && chunk == 1;
-  ChunkBuffers buffers(g, chunk, bool(gx), gradient_in_place);
+  ChunkBuffers buffers(g, chunk, rows_per_band, bool(gx), gradient_in_place);
   if (!buffers.columns_in_place) gx = GradientOut{adding_into(gx, g)};  // zeroed: added into from here on
   // Every chunk's input gradient multiplies by W^T: packed once here, not once a chunk (ResNet-50's
   // 1x1 layers over 56x56 and 28x28 run a chunk per sample).
@@ -303,8 +344,8 @@ void backward_with(const ConvGeometry& g, const float* x, const float* w, Gradie
         write_output_gradient(first + b, written + b * P, ContiguousPixels{}, n);
       gy = written;
     }
-    chunk_backward(g, gy, x, w_transposed, gx, gw, gbias, first, count, buffers.cols.as<float>(),
-                   buffers.gcols.as<float>());
+    chunk_backward(g, gy, x, w_transposed, gx, gw, gbias, first, count, rows_per_band,
+                   buffers.cols.as<float>(), buffers.gcols.as<float>());
   }
 }
 
@@ -318,15 +359,24 @@ void forward_with(const ConvGeometry& g, const float* x, const float* w, Visit v
   if (small_plane_conv::applies(g)) return small_plane_conv::forward(g, x, w, visit);
   if (direct_conv::applies(g)) return direct_conv::forward(g, x, w, visit);
   const int64_t P = g.pixels(), O = g.out_channels, K = g.patch(), chunk = chunk_samples(g, false);
+  const int64_t rows_per_band = chunk == 1 ? band_rows(g, false) : g.out_h;
   const bool output_in_place = output != nullptr && chunk == 1;
-  ChunkBuffers buffers(g, chunk, false, output_in_place);
+  ChunkBuffers buffers(g, chunk, rows_per_band, false, output_in_place);
+  float* cols = buffers.cols.as<float>();
   for (int64_t first = 0; first < g.batch; first += chunk) {
     const int64_t count = std::min(chunk, g.batch - first), n = count * P;
     float* product = output_in_place ? output + first * O * P : buffers.outputs.as<float>();
-    const float* columns = x + first * K * n;
-    if (!buffers.columns_in_place)
-      im2col(g, x, first, count, buffers.cols.as<float>()), columns = buffers.cols.as<float>();
-    gemm(O, n, K, {w, K}, {columns, n}, product, n, /*accumulate=*/false);
+    if (buffers.columns_in_place) {
+      gemm(O, n, K, {w, K}, {x + first * K * n, n}, product, n, /*accumulate=*/false);
+    } else {
+      const float* split = split_for_im2col(g, x, first, count);
+      for (int64_t row0 = 0; row0 < g.out_h; row0 += rows_per_band) {
+        const Rows rows{first, count, row0, std::min(g.out_h, row0 + rows_per_band)};
+        im2col(g, x, rows, split, cols);
+        gemm(O, rows.columns(g), K, {w, K}, {cols, rows.columns(g)}, product + row0 * g.out_w, n,
+             /*accumulate=*/false);
+      }
+    }
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < count; ++b)
       for (int64_t o = 0; o < O; ++o) visit(first + b, o, product + o * n + b * P);

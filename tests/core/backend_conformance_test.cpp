@@ -386,6 +386,10 @@ std::vector<Case> cases() {
                                          // even one
                                          {{2, 3, 15, 21}, {8, 3, 7, 7}, 2, 3, true, true},
                                          {{2, 3, 16, 16}, {8, 3, 7, 7}, 2, 3, false, true},
+                                         // ... whose column matrix, 147 x 4,225 floats a sample, goes in
+                                         // bands of output rows: 19 and then 8 forward, 12 and then 5
+                                         // backward
+                                         {{2, 3, 130, 130}, {64, 3, 7, 7}, 2, 3, false, true},
                                          // the split past the first chunk (one sample a chunk here), an
                                          // even kernel width, a 1x7 kernel, and a kernel wider than rows
                                          // of 2 (halves of one float)
