@@ -8,13 +8,13 @@
 // (24 accumulators with AVX-512) over a block of k: each step loads kPackets packets of a row of B
 // and multiplies them by kRows broadcast elements of A. A column block of B ([kDepth, kPackets
 // packets], 36 KiB) stays in L1 while every row block of A passes over it, and the column block of
-// Y stays in L2 across the blocks of k; a product of one block of k over 64 rows or more goes row block
-// by row block instead (multiply_by_rows). A stored as it lies is read in place, kRows rows side by
-// side; a transposed A is packed once per call (or once for several, gemm_packed) so that each row
-// block's elements sit together (its rows would be a stride apart at every step). A transposed B (the weight
-// gradient's columns^T) is transposed into the block's buffer in kLanes x kLanes blocks in registers. (Both
-// copied element by element, a weight gradient of 256 x 64 over 3136 pixels ran at 112 GFLOP/s; this way,
-// 156.)
+// Y stays in L2 across the blocks of k; that is for products of fewer than 64 rows: the others go row
+// block by row block over panels of B's copies in L2 (multiply_by_rows). A stored as it lies is read in
+// place, kRows rows side by side; a transposed A is packed once per call (or once for several, gemm_packed)
+// so that each row block's elements sit together (its rows would be a stride apart at every step). A
+// transposed B (the weight gradient's columns^T) is transposed into the block's buffer in kLanes x kLanes
+// blocks in registers. (Both copied element by element, a weight gradient of 256 x 64 over 3136 pixels ran at
+// 112 GFLOP/s; this way, 156.)
 #include "core/cpu/gemm.h"
 
 #include <omp.h>
@@ -200,21 +200,24 @@ void copy_block_of_b(Operand b, ColumnBlock block, int64_t k0, int64_t depth, fl
     std::copy_n(b.data + (k0 + kk) * b.stride + block.j, block.cols, slice + kk * stride);
 }
 
-// Products of one block of depth (k <= kDepth) with at least this many rows go row block by row block
-// (multiply_by_rows).
+// Products with at least this many rows go row block by row block (multiply_by_rows) ...
 constexpr int64_t kRowwiseMinRows = 64;
 // ... over panels of column blocks whose copies of B take up to this many floats (1 MiB: L2).
 constexpr int64_t kPanelFloats = 256 * 1024;
 
-// The product for k <= kDepth: Y is written once, each element by one tile. Taken a column block at a
-// time (multiply), each block's tiles write every row of Y, three lines each, a row of Y apart: with
-// a plane of 3,136 floats per row, hundreds of pages in turn for every 48 columns, which neither the
-// hardware prefetchers nor the TLB follow. Here each thread copies a panel of its column blocks of B
-// (up to 1 MiB, which stays in L2) and then runs every row block of A across the whole panel, so that
-// each tile goes on along rows where the one before left off. On one Intel Xeon core, batch 16, ms a
-// call: 1x1 64->256 over 56x56 forward 17.4 -> 13.3, 256->64 backward (its input gradient) 39.0 ->
-// 30.8, 64->64 forward 6.3 -> 4.5 and backward 11.3 -> 9.0, 128->512 over 28x28 forward 12.9 -> 12.1,
-// 512->128 backward 26.7 -> 24.5. The same tiles over the same copies: the same bits.
+// The product a row block of A at a time: each thread copies a panel of its column blocks of B, every
+// block of k of them (up to 1 MiB, which stays in L2), then runs each row block of A across the whole
+// panel, block of k by block of k, so that the tiles go on along Y's rows where the ones before left
+// off. Taken a column block at a time (multiply), each block's tiles wrote every row of Y three lines
+// at a time, a row of Y apart (with a plane of 3,136 floats per row, hundreds of pages in turn for
+// every 48 columns, which neither the hardware prefetchers nor the TLB follow), and A, too large for
+// L2 at ResNet-50's later layers, was read again from memory for every column block. On one Intel
+// Xeon core, batch 16, ms a call, forward and backward: 1x1 64->256 over 56x56 17.4 -> 13.3 and 31.6
+// -> 30.7, 256->64 20.8 -> 18.6 and 39.0 -> 30.8, 512->2048 over 7x7 15.8 -> 12.7 and 30.8 -> 28.0,
+// 2048->512 17.4 -> 14.3 and 33.3 -> 28.6, 1x1/2 512->1024 31.4 -> 27.7 and 64.2 -> 57.2; the product
+// alone, 1024^3, 107 -> 143 GFLOP/s (64 x 3136 x 64 97 -> 94, while the convolution 64->64 over
+// 56x56 went 6.3 -> 4.5 forward). Each element of Y sums the same blocks of k in the same order: the
+// same bits.
 void multiply_by_rows(int64_t m, int64_t n, int64_t k, Operand a, const float* packed, Operand b, float* y,
                       int64_t ldy, bool accumulate) {
   const int64_t first_packed = first_packed_block(m, a);
@@ -236,11 +239,15 @@ void multiply_by_rows(int64_t m, int64_t n, int64_t k, Operand a, const float* p
         const bool in_place = i / kRows < first_packed;
         const float* rows_of_a =
             in_place ? a.data + i * a.stride : packed + (i / kRows - first_packed) * k * kRows;
-        for (int64_t block = first; block < last; ++block) {
-          const ColumnBlock c = blocks[block];
-          (in_place ? kInPlaceTile : kPackedTile)[c.packets](
-              k, rows_of_a, a.stride, slices + (block - first) * slice_floats, c.packets * kLanes,
-              y + i * ldy + c.j, ldy, rows, c.cols, accumulate);
+        for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
+          const int64_t depth = std::min(kDepth, k - k0);
+          const float* a_k0 = rows_of_a + (in_place ? k0 : k0 * kRows);
+          for (int64_t block = first; block < last; ++block) {
+            const ColumnBlock c = blocks[block];
+            (in_place ? kInPlaceTile : kPackedTile)[c.packets](
+                depth, a_k0, a.stride, slices + (block - first) * slice_floats + k0 * c.packets * kLanes,
+                c.packets * kLanes, y + i * ldy + c.j, ldy, rows, c.cols, accumulate || k0 > 0);
+          }
         }
       }
     }
@@ -274,7 +281,7 @@ void multiply(int64_t m, int64_t n, int64_t k, Operand a, const float* packed, O
       for (int64_t i = 0; i < m; ++i) std::fill_n(y + i * ldy, n, 0.0f);
     return;
   }
-  if (k <= kDepth && m >= kRowwiseMinRows) return multiply_by_rows(m, n, k, a, packed, b, y, ldy, accumulate);
+  if (m >= kRowwiseMinRows) return multiply_by_rows(m, n, k, a, packed, b, y, ldy, accumulate);
   const int64_t row_blocks = (m + kRows - 1) / kRows, first_packed = first_packed_block(m, a);
   const ColumnBlocks blocks(n);
   // A streamed A read in place, too large to stay in L2 between blocks of columns, whose rows lie more

@@ -77,10 +77,11 @@ std::vector<Case> cases() {
   out.push_back({130, 961, 65, false, false, false});
   out.push_back({65, 961, 130, true, false, true});
   out.push_back({130, 65, 961, false, true, true});
-  // one block of depth over 64 rows or more, taken row block by row block: a transposed B added into,
-  // and a packed A over two panels of column blocks (a panel's copies of B are up to 1 MiB)
+  // 64 rows or more, taken row block by row block: a transposed B added into, a packed A over two panels
+  // of column blocks (a panel's copies of B are up to 1 MiB), and a packed A over three blocks of depth
   out.push_back({72, 200, 100, false, true, true});
   out.push_back({64, 2000, 150, true, false, false});
+  out.push_back({65, 300, 2 * kGemmDepthBlock + 16, true, false, true});
   out.push_back({5, 9, 0, false, false, false});  // k = 0: Y = 0
   out.push_back({5, 9, 0, false, false, true});   // k = 0: Y unchanged
   return out;
