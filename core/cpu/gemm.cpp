@@ -290,7 +290,9 @@ void multiply(int64_t m, int64_t n, int64_t k, Operand a, const float* packed, O
   // pages: the weight gradient of a 1x1 convolution 64->256 over 56x56 at batch 16 (an output gradient
   // of [256, 3136] per sample) took 46 ms a call on one Intel Xeon core, 35 this way, 256->128 74 ->
   // 68. With rows of 784 floats (four to a page) the prefetchers keep up, and the fetches only cost:
-  // ResNet-50's 256->1024 over 14x14 and 512->2048 over 7x7 ran 9-12% slower with them.
+  // ResNet-50's 256->1024 over 14x14 and 512->2048 over 7x7 ran 9-12% slower with them. (Those were
+  // measured in this order, before products of kRowwiseMinRows rows or more went row by row, which
+  // fetches nothing ahead: here only those with fewer rows, weight gradients of under 64 channels.)
   const bool prefetch_left = a.streamed && !a.transposed && a.stride * int64_t{sizeof(float)} > kPageBytes &&
                              m * k > kCachedLeftFloats;
 #pragma omp parallel for schedule(static)

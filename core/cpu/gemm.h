@@ -8,7 +8,8 @@ namespace dptrain::cpu {
 // An operand [rows, cols] at data[r * stride + c], or, transposed, stored [cols, rows] at
 // data[c * stride + r]. `streamed` marks a left operand that comes from memory rather than cache (an
 // output gradient, read once per block of columns): read in place with rows more than a page apart
-// and over 1 MiB in all, its rows are then fetched a row block ahead.
+// and over 1 MiB in all, its rows are then fetched a row block ahead, in products of fewer than 64
+// rows (larger ones go row block by row block, reading each row block once per panel of columns).
 struct Operand {
   const float* data;
   int64_t stride;
