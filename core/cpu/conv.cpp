@@ -50,10 +50,10 @@ bool columns_are_input(const ConvGeometry& g) {
 // and 29.8 -> 26.5, 256->1024 14.6 -> 13.5 and 28.5 -> 27.9; 512->512 over 12x12 9.9 -> 8.8 and 19.6 -> 17.8,
 // over 10x10 7.1 -> 7.0 and 14.1 -> 13.4; over 7x7 the whole batch's 16.5 and 31.3 became 21 and 34).
 constexpr int64_t kMinInPlacePixels = 96;
+constexpr int64_t kTargetFloats = 256 * 1024;
+constexpr int64_t kMinColumns = 768;
 int64_t chunk_samples(const ConvGeometry& g, bool input_gradient) {
   if (columns_are_input(g) && g.pixels() >= kMinInPlacePixels) return 1;
-  constexpr int64_t kTargetFloats = 256 * 1024;
-  constexpr int64_t kMinColumns = 768;
   const int64_t per_sample = (g.patch() * (input_gradient ? 2 : 1) + g.out_channels) * g.pixels();
   const int64_t wide_enough = (kMinColumns + g.pixels() - 1) / g.pixels();
   return std::clamp<int64_t>(std::max(kTargetFloats / per_sample, wide_enough), 1, g.batch);
@@ -74,8 +74,6 @@ struct Rows {
 // batch 16: forward 49.0 -> 38.4 ms a step, the weight gradient 47.6 -> 47.4; with the input gradient
 // too, a stem that is not the first layer, 110 -> 95 ms a call).
 int64_t band_rows(const ConvGeometry& g, bool input_gradient) {
-  constexpr int64_t kTargetFloats = 256 * 1024;
-  constexpr int64_t kMinColumns = 768;
   const int64_t per_row = (g.patch() * (input_gradient ? 2 : 1) + g.out_channels) * g.out_w;
   const int64_t wide_enough = (kMinColumns + g.out_w - 1) / g.out_w;
   return std::clamp<int64_t>(std::max(kTargetFloats / per_row, wide_enough), 1, g.out_h);
