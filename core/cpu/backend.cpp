@@ -25,11 +25,7 @@ void HostMemory::copy(void* dst, const void* src, std::size_t bytes) {
   if (bytes != 0) std::memcpy(dst, src, bytes);
 }
 void HostMemory::fill(float* dst, int64_t n, float value) {
-  if (value == 0.0f) {
-    std::memset(dst, 0, static_cast<std::size_t>(n) * sizeof(float));
-  } else {
-    std::fill_n(dst, n, value);
-  }
+  cpu::fill(dst, n, value);
 }
 void HostMemory::add_scalar(float* y, int64_t n, float value) {
   for (int64_t i = 0; i < n; ++i) y[i] += value;

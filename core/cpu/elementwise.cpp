@@ -1,4 +1,4 @@
-// Pointwise ops, pooling, dropout, losses, reductions, the finiteness check and the optimizer
+// Fills, pointwise ops, pooling, dropout, losses, reductions, the finiteness check and the optimizer
 // updates on the CPU: plain loops the compiler vectorises, OpenMP across cores for large tensors.
 #include <algorithm>
 #include <cmath>
@@ -8,6 +8,7 @@
 
 #include "core/activation_rules.h"
 #include "core/cpu/kernels.h"
+#include "core/cpu/packet.h"
 #include "core/rng.h"
 
 namespace dptrain::cpu {
@@ -311,6 +312,26 @@ void sum(const float* x, float* out, int64_t n) {
   double total = 0.0;
   for (int64_t i = 0; i < n; ++i) total += x[i];
   *out = static_cast<float>(total);
+}
+
+// Above 1 MiB a fill is streamed to memory, its unaligned head and tail excepted: a plain store that
+// misses reads its line from memory first, a streamed one does not. The large fills are the
+// gradients' zeros before every backward, which stay in memory until the backward adds into them.
+// (With memset, which glibc streams only past a share of the L3 that this VM reports as 480 MiB,
+// they took 6.7 ms of resnet18's step at 64x64 and 21 of ResNet-50's at batch 16; streamed, 3.8 and
+// 10.6, one Intel Xeon core.)
+void fill(float* x, int64_t n, float value) {
+  constexpr int64_t kStreamedFloats = int64_t{1} << 18;
+  int64_t done = 0;
+  if (simd::kStreamingStores && n >= kStreamedFloats) {
+    for (; !simd::streamable(x + done, simd::kLanes); ++done) x[done] = value;
+    const int64_t body = (n - done) / simd::kLanes * simd::kLanes;
+    simd::write_streamed(x + done, body,
+                         [&](float* piece, int64_t, int64_t count) { std::fill_n(piece, count, value); });
+    simd::stream_fence();
+    done += body;
+  }
+  std::fill_n(x + done, n - done, value);
 }
 
 bool all_finite(const float* x, int64_t n) {

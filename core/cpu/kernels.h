@@ -59,6 +59,7 @@ void activation_backward(Activation f, const float* x, const float* y, const flo
 void dropout(const float* x, float* y, float* mask, int64_t n, float p, uint64_t rng_state);
 void dropout_backward(const float* gy, const float* mask, float* gx, int64_t n);
 void add(const float* x, float* y, int64_t n);
+void fill(float* x, int64_t n, float value);
 
 void cross_entropy(const float* logits, std::span<const int32_t> labels, float* probs, float* loss,
                    int64_t batch, int64_t classes);

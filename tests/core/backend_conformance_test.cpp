@@ -1012,6 +1012,24 @@ TEST(Casts, HalfConversionsMatchTheReferenceBitwise) {
       }
 }
 
+// fill at four alignments within a packet, at sizes below and above the 2^18 floats from which the CPU
+// streams its stores: every element of the range takes the value, the floats on either side keep
+// theirs.
+TEST(Fills, SetTheirRangeAndNothingElseAtAnyAlignment) {
+  constexpr int64_t kMargin = 32;
+  for (const Device device : devices_under_test())
+    for (const int64_t n : {int64_t{1000}, (int64_t{1} << 18) + 21})
+      for (const int64_t offset : {0, 1, 5, 15}) {
+        const Tensor x = Tensor::from_data({n + kMargin}, std::vector<float>(n + kMargin, -1.0f)).to(device);
+        backend_for(device).fill(x.data_ptr() + offset, n, 2.5f);
+        const std::vector<float> got = x.to_vector();
+        int64_t wrong = 0;
+        for (int64_t i = 0; i < n + kMargin; ++i)
+          wrong += got[i] != (i >= offset && i < offset + n ? 2.5f : -1.0f);
+        EXPECT_EQ(wrong, 0) << device.str() << ": " << n << " floats from " << offset;
+      }
+}
+
 TEST(Casts, AllFiniteAgreesWithTheReference) {
   for (const Device device : devices_under_test())
     for (float poison : {0.0f, NAN, INFINITY, -INFINITY}) {
