@@ -266,35 +266,28 @@ float masked_gradient(float g, float y) {
   return std::bit_cast<float>(std::bit_cast<uint32_t>(g) & -static_cast<uint32_t>(y > 0.0f));
 }
 
+// Sample's output gradient through ReLU's mask, as transpose reads it: rows of O channels by P pixels.
+// The mask's bits are all ones where y > 0, none elsewhere (NaN included), as masked_gradient's.
+struct MaskedPlanes {
+  const float *go, *y;
+  int64_t P;
+  simd::Packet packet(int64_t o, int64_t p) const {
+    const int64_t at = o * P + p;
+    return Eigen::internal::pand(simd::load(go + at),
+                                 Eigen::internal::pcmp_lt(simd::zero(), simd::load(y + at)));
+  }
+  float operator()(int64_t o, int64_t p) const { return masked_gradient(go[o * P + p], y[o * P + p]); }
+};
+
 // The output gradient of one sample, planes [O, P] (through ReLU's mask where y is given), into
-// channels-last rows: pixel p's channels at to[offset_of[p] + o]. Blocks of kLanes channels by kLanes
-// pixels go through a transpose in registers, so that each store is a packet of one pixel's channels;
-// the rest float by float. (All float by float, this scatter was 1.4% of resnet18's step at 64x64;
-// its 3x3/1 backward went from 71.8 to 68.6 ms a step, ResNet-50's from 480 to 465, one AMD EPYC core.)
+// channels-last rows: pixel p's channels at to[offset_of[p] + o], through simd::transpose. (Float by
+// float, this scatter was 1.4% of resnet18's step at 64x64; its 3x3/1 backward went from 71.8 to 68.6
+// ms a step, ResNet-50's from 480 to 465, one AMD EPYC core.)
 void planes_to_rows(const float* go, const float* y, int64_t O, int64_t P, const int64_t* offset_of,
                     float* to) {
-  using simd::kLanes;
-  const auto value = [&](int64_t at) { return y ? masked_gradient(go[at], y[at]) : go[at]; };
-  const int64_t whole_o = O / kLanes * kLanes, whole_p = P / kLanes * kLanes;
-  for (int64_t o = 0; o < whole_o; o += kLanes) {
-    for (int64_t p = 0; p < whole_p; p += kLanes) {
-      simd::Block block;
-      for (int64_t i = 0; i < kLanes; ++i) {
-        const int64_t at = (o + i) * P + p;
-        block.packet[i] = simd::load(go + at);
-        // The mask's bits: all ones where y > 0, none elsewhere (NaN included), as masked_gradient's.
-        if (y)
-          block.packet[i] = Eigen::internal::pand(block.packet[i],
-                                                  Eigen::internal::pcmp_lt(simd::zero(), simd::load(y + at)));
-      }
-      Eigen::internal::ptranspose(block);
-      for (int64_t j = 0; j < kLanes; ++j) simd::pstoreu(to + offset_of[p + j] + o, block.packet[j]);
-    }
-    for (int64_t i = 0; i < kLanes; ++i)
-      for (int64_t p = whole_p; p < P; ++p) to[offset_of[p] + o + i] = value((o + i) * P + p);
-  }
-  for (int64_t o = whole_o; o < O; ++o)
-    for (int64_t p = 0; p < P; ++p) to[offset_of[p] + o] = value(o * P + p);
+  const auto to_row = [&](int64_t p) { return to + offset_of[p]; };
+  if (y) return simd::transpose</*Add=*/false>(O, P, MaskedPlanes{go, y, P}, to_row);
+  simd::transpose</*Add=*/false>(O, P, simd::Rows{[&](int64_t o) { return go + o * P; }}, to_row);
 }
 
 // The input gradient for kernels that add into it: one to be written starts from zeros.

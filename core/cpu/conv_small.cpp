@@ -136,32 +136,6 @@ using simd::Block;
 using simd::kLanes;
 using simd::Packet;
 
-// to_row(j)[i] = from_row(i)[j] (+= with Add) for i < rows, j < cols: blocks of kLanes x kLanes go
-// through a transpose in registers, so that every load and store is a packet; the edges go float by
-// float. Each element is written (or added to) once, so the bits are those of a loop over elements.
-// (Float by float, with a row of the other side a plane apart at each step, the backward's three
-// transposes took about 7 ms of the 74 that ResNet-50's 256 channels over 14x14 took a call, one
-// Intel Xeon core.)
-template <bool Add, typename FromRow, typename ToRow>
-void transpose(int64_t rows, int64_t cols, FromRow from_row, ToRow to_row) {
-  const int64_t whole_rows = rows / kLanes * kLanes, whole_cols = cols / kLanes * kLanes;
-  for (int64_t i = 0; i < whole_rows; i += kLanes)
-    for (int64_t j = 0; j < whole_cols; j += kLanes) {
-      Block block;
-      for (int64_t t = 0; t < kLanes; ++t) block.packet[t] = simd::load(from_row(i + t) + j);
-      Eigen::internal::ptranspose(block);
-      for (int64_t t = 0; t < kLanes; ++t) {
-        float* to = to_row(j + t) + i;
-        simd::pstoreu(to, Add ? simd::padd(simd::load(to), block.packet[t]) : block.packet[t]);
-      }
-    }
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = i < whole_rows ? whole_cols : 0; j < cols; ++j) {
-      float& to = to_row(j)[i];
-      to = Add ? to + from_row(i)[j] : from_row(i)[j];
-    }
-}
-
 // Whether the block of kLanes input channels from c0 goes through registers (below): T <= kLanes,
 // and its last packet's kLanes floats inside the output channel's C * T (another thread's otherwise).
 bool in_registers(const Conv2dGeometry& g, int64_t c0) {
@@ -230,17 +204,15 @@ const float* input_by_slot(const Conv2dGeometry& g, const float* x, const std::v
     // Sample b's [C, Q] transposed into rows slot[q] * B + b (at C floats).
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < B; ++b)
-      transpose</*Add=*/false>(
-          C, Q, [&](int64_t c) { return x + (b * C + c) * Q; },
-          [&](int64_t q) { return to + (slot[q] * B + b) * C; });
+      simd::transpose</*Add=*/false>(C, Q, simd::Rows{[&](int64_t c) { return x + (b * C + c) * Q; }},
+                                     [&](int64_t q) { return to + (slot[q] * B + b) * C; });
     return to;
   }
   // Channel c's [B, Q] transposed into rows c * S + slot[q].
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < C; ++c)
-    transpose</*Add=*/false>(
-        B, Q, [&](int64_t b) { return x + (b * C + c) * Q; },
-        [&](int64_t q) { return to + (c * S + slot[q]) * B; });
+    simd::transpose</*Add=*/false>(B, Q, simd::Rows{[&](int64_t b) { return x + (b * C + c) * Q; }},
+                                   [&](int64_t q) { return to + (c * S + slot[q]) * B; });
   return to;
 }
 
@@ -316,9 +288,8 @@ void backward(const Conv2dGeometry& g, const float* x, const float* w, float* gx
       // Rows slot[q] * B + b of the sums, sample b's [Q, C], added transposed into its [C, Q].
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < B; ++b)
-      transpose</*Add=*/true>(
-          Q, C, [&](int64_t q) { return sums + (slot[q] * B + b) * C; },
-          [&](int64_t c) { return gx + (b * C + c) * Q; });
+      simd::transpose</*Add=*/true>(Q, C, simd::Rows{[&](int64_t q) { return sums + (slot[q] * B + b) * C; }},
+                                    [&](int64_t c) { return gx + (b * C + c) * Q; });
   }
   if (!gw && !gbias) return;
   // ... and as [O, P, B], each channel's gradients a row.
@@ -326,9 +297,9 @@ void backward(const Conv2dGeometry& g, const float* x, const float* w, float* gx
   // In blocks of kLanes output channels, the threads' share.
 #pragma omp parallel for schedule(static)
   for (int64_t o0 = 0; o0 < O; o0 += kLanes)
-    transpose</*Add=*/false>(
-        P * B, std::min(kLanes, O - o0), [&](int64_t i) { return by_pixel + i * O + o0; },
-        [&](int64_t o) { return by_channel + (o0 + o) * P * B; });
+    simd::transpose</*Add=*/false>(P * B, std::min(kLanes, O - o0),
+                                   simd::Rows{[&](int64_t i) { return by_pixel + i * O + o0; }},
+                                   [&](int64_t o) { return by_channel + (o0 + o) * P * B; });
   if (gbias)
     for (int64_t o = 0; o < O; ++o) {
       float sum = 0.0f;

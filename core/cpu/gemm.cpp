@@ -133,23 +133,6 @@ using TileKernel = void (*)(int64_t, const float*, int64_t, const float*, int64_
 constexpr TileKernel kPackedTile[kPackets + 1] = {nullptr, tile<1, true>, tile<2, true>, tile<3, true>};
 constexpr TileKernel kInPlaceTile[kPackets + 1] = {nullptr, tile<1, false>, tile<2, false>, tile<3, false>};
 
-// to[kk * to_stride + c] = B(k0 + kk, j + c) for B stored transposed (column c of B is row j + c of
-// the storage), in kLanes x kLanes blocks transposed in registers.
-void transpose_into(Operand b, int64_t j, int64_t cols, int64_t k0, int64_t depth, float* to,
-                    int64_t to_stride) {
-  const int64_t whole_cols = cols / kLanes * kLanes, whole_depth = depth / kLanes * kLanes;
-  for (int64_t c = 0; c < whole_cols; c += kLanes)
-    for (int64_t kk = 0; kk < whole_depth; kk += kLanes) {
-      Block block;
-      for (int64_t t = 0; t < kLanes; ++t) block.packet[t] = load(b.data + (j + c + t) * b.stride + k0 + kk);
-      Eigen::internal::ptranspose(block);
-      for (int64_t t = 0; t < kLanes; ++t) pstoreu(to + (kk + t) * to_stride + c, block.packet[t]);
-    }
-  for (int64_t c = 0; c < cols; ++c)
-    for (int64_t kk = (c < whole_cols ? whole_depth : 0); kk < depth; ++kk)
-      to[kk * to_stride + c] = b.data[(j + c) * b.stride + k0 + kk];
-}
-
 // A column block of the product: columns [j, j + cols) of Y and B, kept as `packets` packets of B's
 // copy.
 struct ColumnBlock {
@@ -195,7 +178,11 @@ void copy_block_of_b(Operand b, ColumnBlock block, int64_t k0, int64_t depth, fl
   const int64_t stride = block.packets * kLanes;
   for (int64_t kk = 0; kk < depth; ++kk)
     std::fill(slice + kk * stride + block.cols, slice + (kk + 1) * stride, 0.0f);
-  if (b.transposed) return transpose_into(b, block.j, block.cols, k0, depth, slice, stride);
+  // Stored transposed, column c of B is row j + c of the storage.
+  if (b.transposed)
+    return transpose</*Add=*/false>(block.cols, depth,
+                                    Rows{[&](int64_t c) { return b.data + (block.j + c) * b.stride + k0; }},
+                                    [&](int64_t kk) { return slice + kk * stride; });
   for (int64_t kk = 0; kk < depth; ++kk)
     std::copy_n(b.data + (k0 + kk) * b.stride + block.j, block.cols, slice + kk * stride);
 }
