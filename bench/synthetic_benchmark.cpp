@@ -15,11 +15,14 @@
 //                                            with FLOP/s and their share of a GEMM's; rank 0; on a
 //                                            GPU each op synchronized: slower steps, exact shares)
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench/op_profile.h"
@@ -27,6 +30,7 @@
 #include "distributed/world.h"
 #include "trainer/config.h"
 #include "trainer/run.h"
+#include "trainer/threads.h"
 
 using namespace dptrain;
 
@@ -100,9 +104,13 @@ int main(int argc, char** argv) {
     for (const std::string& assignment : overrides) trainer::apply_override(json, assignment);
     const trainer::Config config = trainer::parse_config(json);
     const char* unit = config.device == trainer::DeviceKind::kCpu ? "CPU" : "device";
+    // What the run will use where --threads leaves it to the machine (0), as the trainer resolves it.
+    const int threads_used = trainer::threads_per_rank(
+        threads, std::getenv("SLURM_CPUS_PER_TASK"),
+        static_cast<int>(std::max(1u, std::thread::hardware_concurrency())), world.local_size());
     if (world.is_root()) {
       std::printf("Model: %s\nBatch size: %lld\nNumber of %ss: %d (threads per process: %d)\n", model.c_str(),
-                  static_cast<long long>(batch), unit, world.size(), threads);
+                  static_cast<long long>(batch), unit, world.size(), threads_used);
       std::printf("Running warmup...\n");
       std::fflush(stdout);
     }
@@ -137,7 +145,7 @@ int main(int argc, char** argv) {
                      {"model", model},
                      {"batch", batch},
                      {"ranks", world.size()},
-                     {"threads", threads},
+                     {"threads", threads_used},
                      {"input_shape", shape},
                      {"parameters", r.parameters},
                      {"img_per_sec", per_rank},
@@ -160,8 +168,7 @@ int main(int argc, char** argv) {
       std::printf("RESULT %s\n", result.dump().c_str());
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "synthetic_benchmark: error on rank %d: %s\n", world.rank(), e.what());
-    world.abort(1);
+    world.exit_with_error("synthetic_benchmark", e.what());
   }
   return 0;
 }

@@ -103,8 +103,7 @@ int main(int argc, char** argv) {
       std::printf("RESULT %s\n", result.dump().c_str());
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_bench: error on rank %d: %s\n", world.rank(), e.what());
-    world.abort(1);
+    world.exit_with_error("train_bench", e.what());
   }
   return 0;
 }

@@ -1,8 +1,12 @@
 // MPI start-up and shutdown.
 #include "distributed/world.h"
 
+#include <chrono>
+#include <csignal>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 #include "core/error.h"
 #include "distributed/mpi_check.h"
@@ -85,6 +89,21 @@ std::string World::broadcast_from_root(const std::string& text) const {
   DPTRAIN_CHECK(length <= INT32_MAX, "broadcast of ", length, " bytes exceeds MPI's int count");
   DPTRAIN_MPI_CHECK(MPI_Bcast(out.data(), static_cast<int>(length), MPI_CHAR, 0, MPI_COMM_WORLD));
   return out;
+}
+
+void World::exit_with_error(const char* program, const char* what, int exit_code) const {
+  // Open MPI takes every rank down within about a second of rank 0's MPI_Abort on one host.
+  constexpr std::chrono::seconds kRootFirst{2};
+  if (size_ > 1 && rank_ != 0) {
+    // The job is ending: Open MPI's SIGTERM ends this rank as it is, not through a stop handler
+    // that would announce a checkpoint.
+    std::signal(SIGTERM, SIG_DFL);
+    std::signal(SIGINT, SIG_DFL);
+    std::this_thread::sleep_for(kRootFirst);
+  }
+  std::fprintf(stderr, "%s: error on rank %d: %s\n", program, rank_, what);
+  std::fflush(stderr);
+  abort(exit_code);
 }
 
 void World::abort(int exit_code) const {

@@ -27,6 +27,11 @@ class World {
 
   // Ends the whole job from any rank: no rank is left waiting in a collective.
   [[noreturn]] void abort(int exit_code) const;
+  // Prints "<program>: error on rank R: <what>" as one line and ends the job (abort). A rank other
+  // than 0 first gives rank 0 a moment to do so: an error that every rank meets alike (a model that
+  // cannot be built, a bad flag) then prints once, not once per rank with Open MPI's abort banner
+  // between, while an error of one rank still ends a job whose other ranks wait on it.
+  [[noreturn]] void exit_with_error(const char* program, const char* what, int exit_code = 1) const;
 
  private:
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, hosts_ = 1;

@@ -12,6 +12,7 @@
 #include "core/registry.h"
 #include "data/registry.h"
 #include "distributed/gradient_sync.h"
+#include "layers/registry.h"
 #include "optim/registry.h"
 
 namespace dptrain::trainer {
@@ -139,6 +140,14 @@ Check<Json> per_channel(bool positive) {
             return "";
           }};
 }
+// Rank 0 validates the config alone: an unknown architecture found only when every rank builds the
+// model would be reported by each of them.
+const Check<std::string> kArchitectureName{
+    "`\"\"` or one of the names described", [](const std::string& name) -> std::string {
+      const std::vector<std::string> names = layers::architecture_names();
+      if (name.empty() || std::find(names.begin(), names.end(), name) != names.end()) return "";
+      return " = \"" + name + "\" is not an architecture; use " + quoted_alternatives(names);
+    }};
 const Check<Shape> kShape{"non-empty; every dimension > 0", [](const Shape& shape) -> std::string {
                             if (shape.empty()) return " must not be empty";
                             for (int64_t d : shape)
@@ -244,7 +253,7 @@ void declare_model(SectionBuilder<Config, ModelConfig> m) {
   m.field("input_shape", &M::input_shape, Required{}, kShape,
           "Per-sample shape, e.g. `[1, 28, 28]`; for an architecture `[C, H, W]`.");
   m.field(
-      "architecture", &M::architecture, "", Any{},
+      "architecture", &M::architecture, "", kArchitectureName,
       "Instead of `layers`: `resnet18`, `resnet34`, `resnet50` (torchvision's) or `resnet20` (He et al.).",
       kArchitectureShown);
   m.field("layers", &M::layers, Required{R"((or name a model.architecture, e.g. "resnet20"))"}, Any{},

@@ -90,9 +90,7 @@ int main(int argc, char** argv) {
         return trainer::kExitStoppedWithCheckpoint;
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "dptrain: error on rank %d: %s\n", world.rank(), e.what());
-    std::fflush(stderr);
-    world.abort(1);
+    world.exit_with_error("dptrain", e.what());
   }
   return 0;
 }

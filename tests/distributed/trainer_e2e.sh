@@ -208,6 +208,15 @@ case "$CASE" in
       grep -q "rank $r" fault$r.err || fail "stderr does not name rank $r"
       grep -q "fault injected" fault$r.err || fail "stderr does not say 'fault injected'"
     done
+    # An error that every rank meets alike (a layer type that no rank can build) is one line, rank
+    # 0's, and the other rank ends without a stop handler's line.
+    launch 2 every_rank mnist_mlp.json --set 'model.layers=[{"type": "dense9"}]'
+    echo "---- stderr ----"
+    cat every_rank.err
+    [ "$RC" -ne 0 ] || fail "the job exited 0"
+    [ "$(grep -c 'error on rank' every_rank.err)" = 1 ] && grep -q '^dptrain: error on rank 0: .*"dense9" is not a layer type' every_rank.err ||
+      fail "not one line from rank 0 for an error of every rank"
+    ! grep -q SIGTERM every_rank.err || fail "a rank announced a stop on Open MPI's SIGTERM"
     ;;
 
   shard_optimizer)

@@ -291,6 +291,11 @@ TEST(ConfigErrors, ArchitectureLayersAndSyntheticKeys) {
   Json both = mnist();
   both["model"]["architecture"] = "resnet20";
   expect_config_error(both, {"model.layers", "model.architecture", "exclude each other"});
+  // Rank 0 validates the config alone, so an unknown architecture is its error, not every rank's.
+  Json unknown_architecture = read_json_file(kSource + "/configs/resnet20_fashion_mnist.json");
+  unknown_architecture["model"]["architecture"] = "resnet21";
+  expect_config_error(unknown_architecture,
+                      {"model.architecture", "\"resnet21\" is not an architecture", "\"resnet20\""});
   Json classes = mnist();
   classes["model"]["num_classes"] = 10;
   expect_config_error(classes, {"model.num_classes", "model.architecture"});
