@@ -13,6 +13,8 @@
 # Needs /usr/bin/python3 with torch and torchvision (scripts/setup.sh --with-torch).
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=bench/tuned_malloc.sh
+source "$repo_root/bench/tuned_malloc.sh"
 build="${1:-$repo_root/build}"
 rounds="${2:-3}"
 bench="$build/bench/synthetic_benchmark"
@@ -33,8 +35,8 @@ for case in "resnet18 3,64,64 32 2 5 5" "resnet50 3,224,224 16 1 2 2"; do
   for ((round = 0; round < rounds; ++round)); do
     ours+=("$("$bench" "${flags[@]}" | result)")
     torch+=("$(/usr/bin/python3 "$repo_root/bench/torch_synthetic_bench.py" "${flags[@]}" | result)")
-    tuned+=("$(MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=68719476736 \
-      /usr/bin/python3 "$repo_root/bench/torch_synthetic_bench.py" "${flags[@]}" | result)")
+    tuned+=("$(env "${TUNED_MALLOC[@]}" /usr/bin/python3 "$repo_root/bench/torch_synthetic_bench.py" "${flags[@]}" |
+      result)")
   done
   o=$(median "${ours[@]}") t=$(median "${torch[@]}") u=$(median "${tuned[@]}")
   /usr/bin/python3 -c "print(f'{\"$model\":<9} {\"$shape\":<10} {$batch:6d} {$o:14.1f} {$t:14.1f} {$u:14.1f} {$o/max($t, $u):6.2f}x')"

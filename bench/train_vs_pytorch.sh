@@ -16,6 +16,8 @@
 # fraction of that GEMM's (the compute limit). Results per run go to --out (runs.tsv).
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=bench/tuned_malloc.sh
+source "$repo_root/bench/tuned_malloc.sh"
 build=$repo_root/build rounds=3 models="cnn mlp" conditions="idle loaded" out=$repo_root/runs/train_vs_pytorch
 while [ $# -gt 0 ]; do
   [[ $1 == -h || $1 == --help || $# -ge 2 ]] || { echo "train_vs_pytorch: $1 needs a value" >&2; exit 2; }
@@ -82,7 +84,7 @@ for ((round = 1; round <= rounds; round++)); do
       if [[ $have_torch == 1 ]]; then
         torch=$(taskset -c 0 /usr/bin/python3 "$anchors/torch_cnn.py" --model "$model" --threads 1 --steps "$steps" --reps 5 |
           result samples_per_s)
-        tuned=$(MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=68719476736 taskset -c 0 \
+        tuned=$(env "${TUNED_MALLOC[@]}" taskset -c 0 \
           /usr/bin/python3 "$anchors/torch_cnn.py" --model "$model" --threads 1 --steps "$steps" --reps 5 |
           result samples_per_s)
         printf '%s\t%s\t%s\ttorch\t%s\t-\n%s\t%s\t%s\ttorch_tuned\t%s\t-\n' "$round" "$condition" "$model" "$torch" \
