@@ -70,6 +70,8 @@ struct Rows {
   Packet packet(int64_t i, int64_t j) const { return load(row(i) + j); }
   float operator()(int64_t i, int64_t j) const { return row(i)[j]; }
 };
+template <typename Row>
+Rows(Row) -> Rows<Row>;  // for compilers without C++20's deduction for aggregates (clang before 17)
 
 // Floats on a 64-byte boundary, so that packets at multiples of kLanes never split a cache line.
 using AlignedFloats = std::vector<float, Eigen::aligned_allocator<float>>;
