@@ -18,11 +18,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <numeric>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "bench/op_profile.h"
@@ -105,9 +103,7 @@ int main(int argc, char** argv) {
     const trainer::Config config = trainer::parse_config(json);
     const char* unit = config.device == trainer::DeviceKind::kCpu ? "CPU" : "device";
     // What the run will use where --threads leaves it to the machine (0), as the trainer resolves it.
-    const int threads_used = trainer::threads_per_rank(
-        threads, std::getenv("SLURM_CPUS_PER_TASK"),
-        static_cast<int>(std::max(1u, std::thread::hardware_concurrency())), world.local_size());
+    const int threads_used = trainer::threads_for_this_process(threads, world.local_size());
     if (world.is_root()) {
       std::printf("Model: %s\nBatch size: %lld\nNumber of %ss: %d (threads per process: %d)\n", model.c_str(),
                   static_cast<long long>(batch), unit, world.size(), threads_used);

@@ -16,7 +16,6 @@
 #include <memory>
 #include <numeric>
 #include <optional>
-#include <thread>
 
 #include "core/autograd.h"
 #include "core/backend.h"
@@ -210,9 +209,7 @@ int64_t peak_resident_bytes() {
 }
 
 void use_threads(const Config& config, const distributed::World& world) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int threads =
-      threads_per_rank(config.threads, std::getenv("SLURM_CPUS_PER_TASK"), cores, world.local_size());
+  const int threads = threads_for_this_process(config.threads, world.local_size());
   omp_set_num_threads(threads);
   // Eigen blocks a GEMM's inner dimension differently when it runs on several threads, which changes
   // the rounding; the project's own OpenMP loops split work by output element and do not. So the

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 
 namespace dptrain::trainer {
 
@@ -18,6 +20,11 @@ int threads_per_rank(int configured, const char* slurm_cpus_per_task, int cores,
     if (error == std::errc() && last == end && cpus > 0) return cpus;
   }
   return std::max(1, cores / std::max(1, ranks_on_host));
+}
+
+int threads_for_this_process(int configured, int ranks_on_host) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return threads_per_rank(configured, std::getenv("SLURM_CPUS_PER_TASK"), cores, ranks_on_host);
 }
 
 }  // namespace dptrain::trainer

@@ -7,5 +7,7 @@ namespace dptrain::trainer {
 // `srun -c` / `sbatch --cpus-per-task`; pass its value or null) when it holds a positive count;
 // else the host's `cores` shared among the `ranks_on_host`, at least one each.
 int threads_per_rank(int configured, const char* slurm_cpus_per_task, int cores, int ranks_on_host);
+// The same for this process: its environment and this host's cores, shared among `ranks_on_host`.
+int threads_for_this_process(int configured, int ranks_on_host);
 
 }  // namespace dptrain::trainer
