@@ -285,6 +285,14 @@ void register_backend(std::shared_ptr<Backend> backend);
 // Puts wrap(the backend of `device`) in its place for the rest of the program: a decorator that sees
 // every kernel call (bench/op_profile.h). Call before any component holds that backend.
 void interpose_backend(Device device, const std::function<std::shared_ptr<Backend>(Backend& inner)>& wrap);
+// Switches of the CPU backend, for the whole process (the config's cpu section).
+struct CpuOptions {
+  // 3x3 convolutions at stride 1 by Winograd's F(2x2, 3x3) where it pays (core/cpu/conv_winograd.h):
+  // fewer products, rounded differently; off, by the direct and im2col forms.
+  bool winograd = true;
+};
+void set_cpu_options(const CpuOptions& options);
+CpuOptions cpu_options();
 // release_cached() on every registered backend: what a program calls before main() returns, so that
 // compute-sanitizer's leak check (which does not see frees made in exit handlers) sees only leaks.
 void release_backend_caches();

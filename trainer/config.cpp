@@ -178,6 +178,13 @@ void declare_top(Top t) {
       "CPU threads per rank; 0: SLURM_CPUS_PER_TASK where Slurm sets it, else the host's cores / its ranks.");
   t.field("device", &Config::device, DeviceKind::kCpu, kDevices,
           "`cuda`: rank r on GPU local_rank; `auto`: CUDA when built and a GPU is present.");
+  auto cpu = t.section("cpu", &Config::cpu, "Switches of the CPU backend.");
+  cpu.field(
+      "winograd", &CpuConfig::winograd, true, Any{},
+      "3x3 convolutions at stride 1 and padding 1 over planes of 8x8 and more by Winograd's F(2x2, 3x3): "
+      "4 products per output and channel pair where the direct form makes 9, rounded differently "
+      "(relative errors of 2-3e-7 against exact sums, 1.5-2x the direct form's); off: the direct and "
+      "im2col forms. docs/design.md.");
   auto cuda = t.section("cuda", &Config::cuda, "Switches of the CUDA backend.");
   cuda.field("tf32", &CudaConfig::tf32, false, Any{}, "TF32 tensor cores for fp32 GEMMs and convolutions.");
   cuda.field("deterministic", &CudaConfig::deterministic, false, Any{},

@@ -84,6 +84,10 @@ struct OptimizerConfig {
   double max_grad_norm{};  // 0: no clipping
 };
 
+struct CpuConfig {
+  bool winograd{};  // 3x3 stride-1 convolutions by Winograd's F(2x2, 3x3) where it pays
+};
+
 struct CudaConfig {
   bool tf32{};             // TF32 tensor cores for fp32 GEMMs and convolutions
   bool deterministic{};    // only cuDNN algorithms with run-to-run identical results
@@ -155,6 +159,7 @@ struct Config {
   std::string output_dir{};
   int threads{};  // 0: SLURM_CPUS_PER_TASK, else the host's cores / its ranks (trainer/threads.cpp)
   DeviceKind device{};
+  CpuConfig cpu;
   CudaConfig cuda;
   DataConfig data;
   ModelConfig model;

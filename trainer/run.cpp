@@ -208,7 +208,9 @@ int64_t peak_resident_bytes() {
   return 0;
 }
 
-void use_threads(const Config& config, const distributed::World& world) {
+// The process-wide settings of the host: threads, and the CPU backend's switches.
+void use_host(const Config& config, const distributed::World& world) {
+  set_cpu_options({.winograd = config.cpu.winograd});
   const int threads = threads_for_this_process(config.threads, world.local_size());
   omp_set_num_threads(threads);
   // Eigen blocks a GEMM's inner dimension differently when it runs on several threads, which changes
@@ -564,7 +566,7 @@ RunSummary Trainer::summary() const {
 // ---- the interface of run.h ----
 
 TrainingResult train(const Config& config, const distributed::World& world, const RunOptions& options) {
-  use_threads(config, world);
+  use_host(config, world);
   // Before anything reads or clears checkpoints: a second job on these directories stops here.
   std::vector<std::unique_ptr<DirectoryLock>> locks;
   if (world.is_root()) {
@@ -579,7 +581,7 @@ TrainingResult train(const Config& config, const distributed::World& world, cons
 
 BenchmarkResult benchmark(const Config& config, const distributed::World& world,
                           const BenchmarkOptions& options) {
-  use_threads(config, world);
+  use_host(config, world);
   Trainer trainer(config, world);
   trainer.start({});
   return trainer.benchmark(options);
@@ -587,7 +589,7 @@ BenchmarkResult benchmark(const Config& config, const distributed::World& world,
 
 Evaluation evaluate_checkpoint(const Config& config, const distributed::World& world,
                                const std::string& checkpoint) {
-  use_threads(config, world);
+  use_host(config, world);
   Trainer trainer(config, world);
   return trainer.evaluate_checkpoint(checkpoint);
 }

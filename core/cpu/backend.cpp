@@ -1,10 +1,25 @@
-// The CPU backend: host memory from the block cache and the kernels of core/cpu/.
+// The CPU backend: host memory from the block cache, the kernels of core/cpu/ and their switches.
 #include "core/cpu/backend.h"
 
+#include <atomic>
 #include <cstring>
 
 #include "core/cpu/kernels.h"
 #include "core/storage.h"
+
+namespace dptrain {
+namespace {
+std::atomic<bool> winograd_on{true};
+}  // namespace
+
+void set_cpu_options(const CpuOptions& options) {
+  winograd_on.store(options.winograd, std::memory_order_relaxed);
+}
+CpuOptions cpu_options() {
+  return {.winograd = winograd_on.load(std::memory_order_relaxed)};
+}
+
+}  // namespace dptrain
 
 namespace dptrain::cpu {
 

@@ -16,6 +16,7 @@
 #include "core/activation_rules.h"
 #include "core/cpu/conv_direct.h"
 #include "core/cpu/conv_small.h"
+#include "core/cpu/conv_winograd.h"
 #include "core/cpu/eigen.h"
 #include "core/cpu/gemm.h"
 #include "core/cpu/kernels.h"
@@ -310,6 +311,8 @@ template <typename WriteOutputGradient>
 void backward_with(const ConvGeometry& g, const float* x, const float* w, GradientOut gx, float* gw,
                    float* gbias, WriteOutputGradient write_output_gradient,
                    const float* output_gradient = nullptr) {
+  if (winograd_conv::applies(g))
+    return winograd_conv::backward(g, x, w, gx, gw, gbias, write_output_gradient);
   if (small_plane_conv::applies_backward(g))
     return small_plane_conv::backward(g, x, w, adding_into(gx, g), gw, gbias, write_output_gradient);
   if (direct_conv::applies_backward(g))
@@ -347,6 +350,7 @@ void backward_with(const ConvGeometry& g, const float* x, const float* w, Gradie
 template <typename Visit>
 void forward_with(const ConvGeometry& g, const float* x, const float* w, Visit visit,
                   float* output = nullptr) {
+  if (winograd_conv::applies(g)) return winograd_conv::forward(g, x, w, visit);
   if (small_plane_conv::applies(g)) return small_plane_conv::forward(g, x, w, visit);
   if (direct_conv::applies(g)) return direct_conv::forward(g, x, w, visit);
   const int64_t P = g.pixels(), O = g.out_channels, K = g.patch(), chunk = chunk_samples(g, false);

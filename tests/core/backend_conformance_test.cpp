@@ -191,40 +191,51 @@ Outcome run_case(const Case& c, Device device, const std::function<void(std::vec
   return out;
 }
 
+// One backend's outcome against the reference's: a row of the table.
+void check_against(const Case& c, const std::string& backend, const Outcome& got, const Outcome& reference) {
+  Row row{c.op, c.shapes, backend, error_of(got.output, reference.output), {}, c.tolerance, true};
+  row.ok = within(got.output, reference.output, c.tolerance);
+  EXPECT_TRUE(within(got.output, reference.output, c.tolerance))
+      << c.op << " " << c.shapes << " on " << backend << ": forward error " << row.forward;
+  for (std::size_t k = 0; k < got.gradients_twice.size(); ++k) {
+    const double e = error_of(got.gradients_twice[k], reference.gradients_twice[k]);
+    row.gradients.push_back(e);
+    const bool close = within(got.gradients_twice[k], reference.gradients_twice[k], c.tolerance);
+    // The second pass added what the first produced: twice the first, up to the rounding of adding
+    // into a non-zero buffer (an overwrite would be off by half).
+    std::vector<float> doubled = got.gradients_once[k];
+    for (float& v : doubled) v *= 2;
+    const bool accumulated = error_of(got.gradients_twice[k], doubled) <= std::max(c.tolerance, 1e-6);
+    row.ok = row.ok && close && accumulated;
+    EXPECT_TRUE(close) << c.op << " " << c.shapes << " on " << backend << ": gradient of input " << k
+                       << " error " << e;
+    EXPECT_TRUE(accumulated) << c.op << " " << c.shapes << " on " << backend << ": the gradient of input "
+                             << k << " did not accumulate over two passes";
+  }
+  ASSERT_EQ(got.constants_after.size(), reference.constants_after.size());
+  for (std::size_t k = 0; k < got.constants_after.size(); ++k) {
+    const double e = error_of(got.constants_after[k], reference.constants_after[k]);
+    const bool close = within(got.constants_after[k], reference.constants_after[k], c.tolerance);
+    if (e > 0) row.gradients.push_back(e);  // a column only for state the op moved or got wrong
+    row.ok = row.ok && close;
+    EXPECT_TRUE(close) << c.op << " " << c.shapes << " on " << backend << ": constant input " << k
+                       << " (state moved in place) differs from the reference's by " << e;
+  }
+  rows().push_back(row);
+}
+
 void check(const Case& c) {
   const Outcome reference = run_case(c, Device::reference());
-  for (const Device device : devices_under_test()) {
-    const Outcome got = run_case(c, device);
-    Row row{c.op, c.shapes, device.str(), error_of(got.output, reference.output), {}, c.tolerance, true};
-    row.ok = within(got.output, reference.output, c.tolerance);
-    EXPECT_TRUE(within(got.output, reference.output, c.tolerance))
-        << c.op << " " << c.shapes << " on " << device.str() << ": forward error " << row.forward;
-    for (std::size_t k = 0; k < got.gradients_twice.size(); ++k) {
-      const double e = error_of(got.gradients_twice[k], reference.gradients_twice[k]);
-      row.gradients.push_back(e);
-      const bool close = within(got.gradients_twice[k], reference.gradients_twice[k], c.tolerance);
-      // The second pass added what the first produced: twice the first, up to the rounding of adding
-      // into a non-zero buffer (an overwrite would be off by half).
-      std::vector<float> doubled = got.gradients_once[k];
-      for (float& v : doubled) v *= 2;
-      const bool accumulated = error_of(got.gradients_twice[k], doubled) <= std::max(c.tolerance, 1e-6);
-      row.ok = row.ok && close && accumulated;
-      EXPECT_TRUE(close) << c.op << " " << c.shapes << " on " << device.str() << ": gradient of input " << k
-                         << " error " << e;
-      EXPECT_TRUE(accumulated) << c.op << " " << c.shapes << " on " << device.str()
-                               << ": the gradient of input " << k << " did not accumulate over two passes";
+  for (const Device device : devices_under_test())
+    for (const bool winograd : {true, false}) {
+      // The CPU's convolutions twice: with Winograd's F(2x2, 3x3) where it applies, and without, so
+      // that the direct, per-tap and im2col forms stay covered at the shapes that it takes.
+      if (!winograd && !(device == Device::cpu() && c.op.rfind("conv2d", 0) == 0)) continue;
+      set_cpu_options({.winograd = winograd});
+      const Outcome got = run_case(c, device);
+      set_cpu_options({});
+      check_against(c, winograd ? device.str() : device.str() + " direct", got, reference);
     }
-    ASSERT_EQ(got.constants_after.size(), reference.constants_after.size());
-    for (std::size_t k = 0; k < got.constants_after.size(); ++k) {
-      const double e = error_of(got.constants_after[k], reference.constants_after[k]);
-      const bool close = within(got.constants_after[k], reference.constants_after[k], c.tolerance);
-      if (e > 0) row.gradients.push_back(e);  // a column only for state the op moved or got wrong
-      row.ok = row.ok && close;
-      EXPECT_TRUE(close) << c.op << " " << c.shapes << " on " << device.str() << ": constant input " << k
-                         << " (state moved in place) differs from the reference's by " << e;
-    }
-    rows().push_back(row);
-  }
 }
 
 Input in(Shape shape, Fill fill = Fill::kUniform) {
@@ -267,7 +278,8 @@ std::vector<ConvPool> conv_pool_cases() {
           {{4, 32, 13, 13}, {64, 32, 3, 3}, 1, 0, {2, 2, 0}, true},
           {{12, 8, 20, 20}, {6, 8, 3, 3}, 1, 0, {2, 2, 0}, true},
           {{2, 3, 13, 12}, {4, 3, 3, 3}, 1, 1, {3, 2, 1}, false},
-          {{3, 2, 11, 11}, {5, 2, 3, 3}, 2, 1, {2, 1, 0}, true}};
+          {{3, 2, 11, 11}, {5, 2, 3, 3}, 2, 1, {2, 1, 0}, true},
+          {{2, 16, 10, 10}, {24, 16, 3, 3}, 1, 1, {2, 2, 0}, true}};  // by Winograd's F(2x2, 3x3)
 }
 // Over 2.2M elements, for the pointwise kernels' multi-threaded and multi-block paths.
 const Shape kLarge = {2, 1100, 1024};
@@ -396,7 +408,16 @@ std::vector<Case> cases() {
                                          {{2, 3, 48, 64}, {64, 3, 7, 7}, 2, 3, true, false},
                                          {{2, 3, 9, 10}, {8, 3, 4, 4}, 2, 1, false, true},
                                          {{2, 3, 9, 10}, {8, 3, 1, 7}, 2, 2, true, true},
-                                         {{2, 3, 5, 2}, {4, 3, 5, 5}, 2, 2, false, true}}) {
+                                         {{2, 3, 5, 2}, {4, 3, 5, 5}, 2, 2, false, true},
+                                         // Winograd's F(2x2, 3x3) (the 3x3/1 rows over 8x8 and more
+                                         // above take it too): odd rows and columns of tiles, channel
+                                         // tails, the smallest plane and channel counts it takes, groups
+                                         // of 3 and 2 samples, and a sample's tiles in bands of rows
+                                         // (10 and 2 of 12)
+                                         {{2, 24, 9, 12}, {20, 24, 3, 3}, 1, 1, true, true},
+                                         {{3, 16, 8, 8}, {16, 16, 3, 3}, 1, 1, false, false},
+                                         {{5, 64, 12, 12}, {64, 64, 3, 3}, 1, 1, false, true},
+                                         {{2, 64, 24, 24}, {64, 64, 3, 3}, 1, 1, true, true}}) {
     const std::string shapes = "x " + str(v.x) + ", w " + str(v.w) + ", stride " + std::to_string(v.stride) +
                                ", pad " + std::to_string(v.padding) + (v.relu ? ", fused relu" : "") +
                                (v.bias ? ", bias" : ", no bias");
@@ -1305,7 +1326,7 @@ TEST(Backends, AGpuIsTestedWhereOneIsRequired) {
 }
 
 void print_table() {
-  std::printf("\n%-27s %-72s %-9s %9s  %-28s %6s %s\n", "op", "case", "backend", "forward",
+  std::printf("\n%-27s %-72s %-10s %9s  %-28s %6s %s\n", "op", "case", "backend", "forward",
               "input gradients / state", "tol", "");
   for (const Row& r : rows()) {
     std::string grads;
@@ -1314,8 +1335,8 @@ void print_table() {
       std::snprintf(text, sizeof text, "%s%.1e", grads.empty() ? "" : " ", g);
       grads += text;
     }
-    std::printf("%-27s %-72s %-9s %9.1e  %-28s %6.0e %s\n", r.op.c_str(), r.shapes.c_str(), r.backend.c_str(),
-                r.forward, grads.c_str(), r.tolerance, r.ok ? "ok" : "FAIL");
+    std::printf("%-27s %-72s %-10s %9.1e  %-28s %6.0e %s\n", r.op.c_str(), r.shapes.c_str(),
+                r.backend.c_str(), r.forward, grads.c_str(), r.tolerance, r.ok ? "ok" : "FAIL");
   }
   std::fflush(stdout);
 }

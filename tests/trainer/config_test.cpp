@@ -536,7 +536,8 @@ TEST(ParseConfig, ResolvedDefaultsOfAMinimalConfig) {
   EXPECT_FALSE(resolved["distributed"].contains("deterministic_micro_batch"));
   EXPECT_FALSE(resolved["model"].contains("architecture"));
   EXPECT_FALSE(resolved["data"].contains("linear"));
-  EXPECT_EQ(resolved.size(), 11u);
+  EXPECT_EQ(resolved["cpu"]["winograd"], true);
+  EXPECT_EQ(resolved.size(), 12u);
 }
 
 std::string slurp(const std::string& path) {
