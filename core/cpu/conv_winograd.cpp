@@ -13,9 +13,11 @@
 // back to planes through register transposes.
 //
 // The transforms add and subtract, and G halves: the sums round differently from the direct form's
-// (errors against a double reference of 2-3e-7 at 36-84 channels, as the direct form's 1-4e-7). A
-// sample's outputs and input gradient depend on that sample alone, and the weight and bias gradients
-// sum over the batch in an order fixed by the geometry: the bits do not depend on the thread count.
+// (errors against a double reference of 2-3e-7 at 36-84 channels, as the direct form's 1-4e-7), and
+// an infinite input gives NaN rather than +-Inf in the outputs it reaches (Inf - Inf in a transform).
+// A sample's outputs and input gradient depend on that sample alone, and the weight and bias
+// gradients sum over the batch in an order fixed by the geometry and the gradients asked for (which
+// set the pieces): the bits do not depend on the thread count or the machine.
 #include "core/cpu/conv_winograd.h"
 
 #include <algorithm>
@@ -224,8 +226,9 @@ const float* transformed_kernels(int64_t in, int64_t out, TapsOf taps_of) {
   return u;
 }
 
-// The batch in pieces: groups of whole samples, and each group's tiles in bands of tile rows (one
-// band unless a sample's tiles alone outgrow kPieceFloats), at floats_per_tile.
+// The batch in pieces of up to max(kPieceFloats / floats_per_tile, kMinPieceTiles) tiles: groups of
+// whole samples, and where a sample's tiles alone outnumber that, each group (of one) in bands of
+// tile rows.
 struct Pieces {
   int64_t samples, tile_rows;
 };
@@ -263,17 +266,28 @@ void over_tiles(const Band& band, F f) {
     for (int64_t i = 0; i < band.tiles; ++i) f(b, band.tile0 + i, b * band.tiles + i);
 }
 
+// product(xi) for the 16 positions, whole GEMMs spread over the threads, each on the thread that
+// takes it. Split by columns instead (the GEMM's own threads), 64 output channels gave a thread at
+// most two blocks, and the forks and joins of 16 small GEMMs a band cost more than the second thread
+// gave: resnet18's 64 channels over 16x16 ran no faster on two threads than on one.
+template <typename Product>
+void over_positions(Product product) {
+#pragma omp parallel for schedule(static)
+  for (int64_t xi = 0; xi < kPositions; ++xi) product(xi);
+}
+
 // Samples [first, first + count) of x [batch, channels, P] channels-last into zero-padded planes.
 float* padded_input(const Conv2dGeometry& g, const Tiling& t, const float* x, int64_t channels, int64_t first,
                     int64_t count) {
   const int64_t P = g.pixels();
   float* padded = thread_scratch<kPaddedInput>(count * t.padded * channels);
-  std::fill_n(padded, count * t.padded * channels, 0.0f);
 #pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < count; ++b)
+  for (int64_t b = 0; b < count; ++b) {
+    std::fill_n(padded + b * t.padded * channels, t.padded * channels, 0.0f);
     simd::transpose</*Add=*/false>(
         channels, P, simd::Rows{[&](int64_t c) { return x + ((first + b) * channels + c) * P; }},
         [&](int64_t p) { return padded + (b * t.padded + t.padded_pixel(p)) * channels; });
+  }
   return padded;
 }
 
@@ -317,9 +331,10 @@ void convolve_band(const Conv2dGeometry& g, const Tiling& t, const Band& band, c
                    int64_t in, int64_t out, float* outputs) {
   const int64_t n = band.n(), P = g.pixels();
   float* m = thread_scratch<kProducts>(kPositions * n * out);
-  for (int64_t xi = 0; xi < kPositions; ++xi)
+  over_positions([&](int64_t xi) {
     gemm(n, out, in, {v + xi * n * in, in}, {u + xi * in * out, out}, m + xi * n * out, out,
          /*accumulate=*/false);
+  });
   over_tiles(band, [&](int64_t b, int64_t tile, int64_t index) {
     const float* from[kPositions];
     float* to[4];
@@ -404,6 +419,7 @@ void backward(const Conv2dGeometry& g, const float* x, const float* w, GradientO
     // W's taps apart ([9, O, C]), so that a tap from output channel o is a row over the input
     // channels; the turned kernel's tap k is the kernel's tap 8 - k.
     float* by_tap = thread_scratch<kKernelRows>(9 * O * C);
+#pragma omp parallel for schedule(static)
     for (int64_t oc = 0; oc < O * C; ++oc)
       for (int k = 0; k < 9; ++k) by_tap[k * O * C + oc] = w[oc * 9 + k];
     u = transformed_kernels(O, C, [&](int64_t o, int k) { return by_tap + (8 - k) * O * C + o * C; });
@@ -421,10 +437,11 @@ void backward(const Conv2dGeometry& g, const float* x, const float* w, GradientO
       g, t, pieces_of(g, t, kPositions * ((gx ? O + C : 0) + (gw ? O + C : 0))),
       [&](int64_t first, int64_t count) {
         float* padded = thread_scratch<kPaddedGradient>(count * t.padded * O);
-        std::fill_n(padded, count * t.padded * O, 0.0f);
 #pragma omp parallel for schedule(static)
-        for (int64_t b = 0; b < count; ++b)
+        for (int64_t b = 0; b < count; ++b) {
+          std::fill_n(padded + b * t.padded * O, t.padded * O, 0.0f);
           write_output_gradient(first + b, padded + b * t.padded * O, offset_of.data(), 1);
+        }
         gradient = padded;
         if (gbias)  // sample by sample, pixel by pixel: an order that no piece size changes
           for (int64_t b = 0; b < count; ++b)
@@ -445,9 +462,10 @@ void backward(const Conv2dGeometry& g, const float* x, const float* w, GradientO
         const int64_t n = band.n();
         const float* z = transformed_output_gradients(t, band, gradient, O);
         const float* v = transformed_inputs<kInputTiles>(t, band, input, C);
-        for (int64_t xi = 0; xi < kPositions; ++xi)
+        over_positions([&](int64_t xi) {
           gemm(O, C, n, {z + xi * n * O, O, /*transposed=*/true}, {v + xi * n * C, C}, du + xi * O * C, C,
                /*accumulate=*/summed);
+        });
         summed = true;
       },
       [&](int64_t first, int64_t count) {
@@ -469,7 +487,7 @@ void backward(const Conv2dGeometry& g, const float* x, const float* w, GradientO
       });
   if (gbias)
     for (int64_t o = 0; o < O; ++o) gbias[o] += bias_sums[o];
-  if (gw) add_kernel_gradient(du, O, C, gw);
+  if (gw && summed) add_kernel_gradient(du, O, C, gw);  // not for an empty batch: du is as it was left
 }
 
 }  // namespace dptrain::cpu::winograd_conv

@@ -1,6 +1,7 @@
 // core/cpu/conv_winograd: exact on small integers (every transform's product and sum is then a float
-// without rounding, so the result must equal the convolution computed in integers), bit for bit the
-// same at 1, 2 and 3 threads and for a sample alone or in a batch, and the cpu.winograd switch.
+// without rounding, so the result must equal the convolution computed in integers), each gradient
+// alone too, bit for bit the same at 1, 2 and 3 threads and for a sample alone or in a batch, and the
+// cpu.winograd switch.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -85,7 +86,8 @@ void expect_bitwise(const Gradients& a, const Gradients& b, const std::string& w
 
 // Shapes that take Winograd's kernels: square and not, odd planes (a last tile half outside),
 // channel tails past whole packets, several groups of samples, and one whose samples go in bands of
-// tile rows (20 x 18 tiles, 360 a sample).
+// tile rows in the backward with both gradients (20 x 18 tiles, 360 a sample; one band forward or
+// for one gradient).
 const std::vector<Conv2dGeometry> kShapes = {geometry(2, 16, 8, 8, 16), geometry(3, 24, 9, 12, 20),
                                              geometry(5, 40, 12, 12, 36), geometry(3, 16, 40, 36, 16)};
 
@@ -109,6 +111,31 @@ TEST(Winograd, ExactOnSmallIntegers) {
     const std::vector<float> gy = values(g.batch * g.out_channels * g.pixels(), 4, true);
     expect_bitwise(run(g, x, w, bias, gy), exact(g, x, w, bias, gy), "against integers");
   }
+}
+
+// Each gradient asked for alone (the pieces then differ), and an empty batch, which adds nothing
+// (the weight gradient's sums are kept between calls).
+TEST(Winograd, EachGradientAloneAndAnEmptyBatch) {
+  const Conv2dGeometry g = kShapes[3];
+  const std::vector<float> x = values(g.batch * g.channels * g.height * g.width, 13, true);
+  const std::vector<float> w = values(g.out_channels * g.channels * 9, 14, true);
+  const std::vector<float> bias = values(g.out_channels, 15, true);
+  const std::vector<float> gy = values(g.batch * g.out_channels * g.pixels(), 16, true);
+  const Gradients want = exact(g, x, w, bias, gy);
+  std::vector<float> gx(x.size()), gw(w.size()), gbias(bias.size());
+  conv2d_backward(gy.data(), x.data(), w.data(), want.y.data(), GradientOut{gx.data(), true}, nullptr,
+                  nullptr, g);
+  conv2d_backward(gy.data(), x.data(), w.data(), want.y.data(), GradientOut{}, gw.data(), nullptr, g);
+  conv2d_backward(gy.data(), x.data(), w.data(), want.y.data(), GradientOut{}, nullptr, gbias.data(), g);
+  EXPECT_EQ(gx, want.gx);
+  EXPECT_EQ(gw, want.gw);
+  EXPECT_EQ(gbias, want.gbias);
+  Conv2dGeometry empty = g;
+  empty.batch = 0;
+  conv2d_backward(gy.data(), x.data(), w.data(), want.y.data(), GradientOut{}, gw.data(), gbias.data(),
+                  empty);
+  EXPECT_EQ(gw, want.gw);
+  EXPECT_EQ(gbias, want.gbias);
 }
 
 TEST(Winograd, BitsDoNotDependOnThreadsOrTheBatch) {
