@@ -430,11 +430,15 @@ void backward(const Conv2dGeometry& g, const float* x, const float* w, GradientO
   std::vector<int64_t> offset_of(static_cast<std::size_t>(P));
   for (int64_t p = 0; p < P; ++p) offset_of[static_cast<std::size_t>(p)] = t.padded_pixel(p) * O;
 
+  // The gradients' tiles and products; with neither (the bias's alone) the padded output gradient's
+  // share, so that a piece does not take the whole batch.
+  const int64_t backward_floats_per_tile =
+      kPositions * std::max<int64_t>((gx ? O + C : 0) + (gw ? O + C : 0), O);
   const float *gradient = nullptr, *input = nullptr;
   float* outputs = nullptr;
   bool summed = false;  // whether du holds a band's sums yet
   over_pieces(
-      g, t, pieces_of(g, t, kPositions * ((gx ? O + C : 0) + (gw ? O + C : 0))),
+      g, t, pieces_of(g, t, backward_floats_per_tile),
       [&](int64_t first, int64_t count) {
         float* padded = thread_scratch<kPaddedGradient>(count * t.padded * O);
 #pragma omp parallel for schedule(static)
