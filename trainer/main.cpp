@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
     if (!evaluate_path.empty()) {
       trainer::evaluate_checkpoint(config, world, evaluate_path);
     } else {
-      trainer::install_stop_handlers();
+      run_options.before_first_step = trainer::install_stop_handlers;
       // Every rank stopped after the same step, so every rank leaves MPI together.
       if (!trainer::train(config, world, run_options).stopped_by.empty())
         return trainer::kExitStoppedWithCheckpoint;

@@ -576,6 +576,7 @@ TrainingResult train(const Config& config, const distributed::World& world, cons
   }
   Trainer trainer(config, world);
   trainer.start(options);
+  if (options.before_first_step) options.before_first_step();
   return trainer.run();
 }
 

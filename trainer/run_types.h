@@ -60,6 +60,11 @@ struct RunOptions {
   // "" (fresh start), "auto" (the newest valid checkpoint in checkpoint.dir, else a fresh start) or
   // the path of one checkpoint (that one, or fail).
   std::string resume;
+  // Called on every rank once the run is set up (model, data, resumed state), before its first step.
+  // The trainer program installs its stop handlers here: a signal during the set-up, Open MPI's
+  // SIGTERM after a peer's error among them, then ends the process as by default instead of
+  // announcing a checkpoint that no step will write.
+  std::function<void()> before_first_step;
 };
 
 struct TrainingResult {

@@ -177,12 +177,16 @@ case "$CASE" in
     RUN_DIR=run start 1 holder "${RUN[@]}" --set training.epochs=1000
     holder=$PID
     wait_for "$SCRATCH/run/checkpoints/ckpt-00000020.safetensors"
-    RUN_DIR=run launch 1 second "${RUN[@]}"
+    # On 2 ranks: rank 0 alone takes the lock, so rank 1 is still setting up (waiting for rank 0 in a
+    # collective) when Open MPI's SIGTERM comes after rank 0's error. Before the first step that
+    # ends it as by default, with no stop handler announcing a checkpoint.
+    RUN_DIR=run launch 2 second "${RUN[@]}"
     sed 's/^/    /' second.err
     kill -0 "$holder" 2>/dev/null || fail "the holder ended before the second trainer was refused (test too short)"
     [ "$RC" -ne 0 ] || fail "a second trainer on the same output_dir was let in"
     grep -q "dptrain: error on rank 0: $SCRATCH/run is in use by another dptrain job (host .*, pid $holder, started " second.err ||
       fail "the refusal does not name the holder"
+    ! grep -q "SIGTERM: stopping" second.err || fail "rank 1 announced a stop on Open MPI's SIGTERM before its first step"
     kill -9 "$holder"
     wait "$holder" 2>/dev/null || true
     # The third finishes epoch 1 (the sanitizer build: stops at once, the step limit already reached).
