@@ -143,6 +143,8 @@ bool in_registers(const Conv2dGeometry& g, int64_t c0) {
   return T <= kLanes && (c0 + kLanes - 1) * T + kLanes <= g.channels * T;
 }
 
+}  // namespace
+
 // w [O, C, T] -> [T, O, C]. With T <= kLanes, in blocks of kLanes input channels: their T taps each
 // (contiguous) loaded as kLanes packets, the first T floats of each counting, then transposed in
 // registers, so that packet t holds tap t of the block's channels. (A scalar loop copied the weights
@@ -164,6 +166,8 @@ const float* weights_by_tap(const Conv2dGeometry& g, const float* w) {
   }
   return by_tap;
 }
+
+namespace {
 
 // gw [O, C, T] += by_tap [T, O, C], the reverse in the same blocks. After the transpose, packet i
 // holds channel c0 + i's T taps in its first T lanes; stored one after the other T floats apart (each

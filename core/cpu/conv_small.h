@@ -18,6 +18,10 @@ bool applies(const Conv2dGeometry& g);
 // grow with the planes; at 8x8 with AVX-512 they cost more than the padding's products.
 bool applies_backward(const Conv2dGeometry& g);
 
+// The kernels' taps apart, w [O, C, KH, KW] -> [KH * KW, O, C], in a buffer of the calling thread's
+// that the next call overwrites.
+const float* weights_by_tap(const Conv2dGeometry& g, const float* w);
+
 // As direct_conv::forward: visit(sample, channel, sums) for every plane of sums, bias not added,
 // from several threads at once, never twice for a plane.
 void forward(const Conv2dGeometry& g, const float* x, const float* w, const direct_conv::PlaneVisitor& visit);

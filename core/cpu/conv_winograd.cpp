@@ -24,6 +24,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/cpu/conv_small.h"
 #include "core/cpu/gemm.h"
 #include "core/cpu/packet.h"
 
@@ -418,10 +419,7 @@ void backward(const Conv2dGeometry& g, const float* x, const float* w, GradientO
   if (gx) {
     // W's taps apart ([9, O, C]), so that a tap from output channel o is a row over the input
     // channels; the turned kernel's tap k is the kernel's tap 8 - k.
-    float* by_tap = thread_scratch<kKernelRows>(9 * O * C);
-#pragma omp parallel for schedule(static)
-    for (int64_t oc = 0; oc < O * C; ++oc)
-      for (int k = 0; k < 9; ++k) by_tap[k * O * C + oc] = w[oc * 9 + k];
+    const float* by_tap = small_plane_conv::weights_by_tap(g, w);
     u = transformed_kernels(O, C, [&](int64_t o, int k) { return by_tap + (8 - k) * O * C + o * C; });
   }
   float* du = gw ? thread_scratch<kKernelGradient>(kPositions * O * C) : nullptr;
