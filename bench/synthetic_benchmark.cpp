@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "bench/op_profile.h"
+#include "core/backend.h"
 #include "core/error.h"
 #include "distributed/world.h"
 #include "trainer/config.h"
@@ -107,6 +108,9 @@ int main(int argc, char** argv) {
     if (world.is_root()) {
       std::printf("Model: %s\nBatch size: %lld\nNumber of %ss: %d (threads per process: %d)\n", model.c_str(),
                   static_cast<long long>(batch), unit, world.size(), threads_used);
+      if (config.device == trainer::DeviceKind::kCpu)
+        std::printf("CPU kernels built for: %s (%d floats a vector)\n", cpu_vector_isa(),
+                    cpu_vector_floats());
       std::printf("Running warmup...\n");
       std::fflush(stdout);
     }
@@ -142,6 +146,7 @@ int main(int argc, char** argv) {
                      {"batch", batch},
                      {"ranks", world.size()},
                      {"threads", threads_used},
+                     {"cpu_vector_isa", cpu_vector_isa()},
                      {"input_shape", shape},
                      {"parameters", r.parameters},
                      {"img_per_sec", per_rank},

@@ -293,6 +293,11 @@ struct CpuOptions {
 };
 void set_cpu_options(const CpuOptions& options);
 CpuOptions cpu_options();
+// The vector instructions that the CPU kernels were compiled for ("AVX-512", "AVX2", "AVX", "SSE2",
+// "NEON" or "none"): what a benchmark names beside its figures (a build with DPTRAIN_NATIVE=OFF and
+// -march=haswell runs AVX2 on an AVX-512 machine), and the floats in one of its vectors.
+const char* cpu_vector_isa();
+int cpu_vector_floats();
 // release_cached() on every registered backend: what a program calls before main() returns, so that
 // compute-sanitizer's leak check (which does not see frees made in exit handlers) sees only leaks.
 void release_backend_caches();

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/cpu/kernels.h"
+#include "core/cpu/packet.h"
 #include "core/storage.h"
 
 namespace dptrain {
@@ -17,6 +18,25 @@ void set_cpu_options(const CpuOptions& options) {
 }
 CpuOptions cpu_options() {
   return {.winograd = winograd_on.load(std::memory_order_relaxed)};
+}
+
+const char* cpu_vector_isa() {
+#if defined(__AVX512F__)
+  return "AVX-512";
+#elif defined(__AVX2__)
+  return "AVX2";
+#elif defined(__AVX__)
+  return "AVX";
+#elif defined(__SSE2__)
+  return "SSE2";
+#elif defined(__ARM_NEON)
+  return "NEON";
+#else
+  return "none";
+#endif
+}
+int cpu_vector_floats() {
+  return static_cast<int>(cpu::simd::kLanes);
 }
 
 }  // namespace dptrain

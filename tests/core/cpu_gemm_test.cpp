@@ -1,6 +1,7 @@
 // core/cpu/gemm: every tile shape and edge (rows, ragged columns, blocks of k, strides, transposed A
 // and B, accumulation) against a naive product in double, and bit for bit against the documented order of
-// the sums at 1, 2 and 3 threads; an A packed once, or streamed, gives the same bits.
+// the sums at 1, 2 and 3 threads; an A packed once, or streamed, gives the same bits. The vector ISA
+// that the kernels name (benchmarks print it) agrees with their vectors' width and runs on this CPU.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/backend.h"
 #include "core/cpu/gemm.h"
 
 namespace dptrain::cpu {
@@ -168,6 +170,30 @@ TEST(CpuGemm, PackedOnceAndStreamedGiveTheSameBits) {
       ASSERT_EQ(0, std::memcmp(got.data(), want.data(), sizeof(float) * want.size()));
     }
   }
+}
+
+// The floats a vector holds by each ISA's registers (512, 256, 128 bits; one without vectors), and the
+// feature this CPU must have to run the build.
+TEST(CpuVectorIsa, NamesTheKernelsWidthAndRunsHere) {
+  const std::string isa = cpu_vector_isa();
+  const int floats = isa == "AVX-512"                 ? 16
+                     : isa == "AVX2" || isa == "AVX"  ? 8
+                     : isa == "SSE2" || isa == "NEON" ? 4
+                     : isa == "none"                  ? 1
+                                                      : -1;
+  EXPECT_EQ(cpu_vector_floats(), floats) << "ISA " << isa;
+#if defined(__x86_64__)
+  if (isa == "AVX-512") {
+    EXPECT_TRUE(__builtin_cpu_supports("avx512f"));
+  }
+  if (isa == "AVX2") {
+    EXPECT_TRUE(__builtin_cpu_supports("avx2"));
+  }
+  if (isa == "AVX") {
+    EXPECT_TRUE(__builtin_cpu_supports("avx"));
+  }
+  EXPECT_NE(isa, "none") << "x86-64 has SSE2 at least";
+#endif
 }
 
 }  // namespace
