@@ -4,6 +4,8 @@
 // of them (a layer whose file is not compiled in fails the link instead of vanishing at run time).
 #include "layers/registry.h"
 
+#include <algorithm>
+
 #include "core/registry.h"
 
 namespace dptrain::layers {
@@ -51,12 +53,17 @@ std::vector<std::string> layer_type_names() {
 const Architecture& architecture(const std::string& name) {
   for (const Architecture* a : kArchitectures)
     if (name == a->name) return *a;
-  DPTRAIN_FAIL("config key model.architecture = \"", name, "\" is not an architecture; use ",
-               quoted_alternatives(architecture_names()));
+  DPTRAIN_FAIL("config key model.architecture", architecture_name_problem(name));
 }
 
 std::vector<std::string> architecture_names() {
   return registered_names<Architecture>(kArchitectures);
+}
+
+std::string architecture_name_problem(const std::string& name) {
+  const std::vector<std::string> names = architecture_names();
+  if (std::find(names.begin(), names.end(), name) != names.end()) return "";
+  return " = \"" + name + "\" is not an architecture; use " + quoted_alternatives(names);
 }
 
 }  // namespace dptrain::layers

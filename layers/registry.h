@@ -49,5 +49,8 @@ struct Architecture {
 
 const Architecture& architecture(const std::string& name);
 std::vector<std::string> architecture_names();
+// What is wrong with `name` as model.architecture, as the rest of a message that begins "config key
+// model.architecture"; empty for a registered name (the config's check and architecture() say it alike).
+std::string architecture_name_problem(const std::string& name);
 
 }  // namespace dptrain::layers

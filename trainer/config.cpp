@@ -144,9 +144,7 @@ Check<Json> per_channel(bool positive) {
 // model would be reported by each of them.
 const Check<std::string> kArchitectureName{
     "`\"\"` or one of the names described", [](const std::string& name) -> std::string {
-      const std::vector<std::string> names = layers::architecture_names();
-      if (name.empty() || std::find(names.begin(), names.end(), name) != names.end()) return "";
-      return " = \"" + name + "\" is not an architecture; use " + quoted_alternatives(names);
+      return name.empty() ? "" : layers::architecture_name_problem(name);
     }};
 const Check<Shape> kShape{"non-empty; every dimension > 0", [](const Shape& shape) -> std::string {
                             if (shape.empty()) return " must not be empty";
