@@ -45,6 +45,7 @@ echo "== ResNet-50's kernels, 2 steps"
 profile=$(kernel_profile)
 grep -E '^  (all kernels|conv|batchnorm)' <<<"$profile" | head -12
 read -r kernel_gflops kernel_ms <<<"$(kernel_rate <<<"$profile")"
+kernels_isa=$(sed -n 's/^CPU kernels built for: //p' <<<"$profile")
 echo "== the same with cpu.winograd=false"
 direct_profile=$(kernel_profile --set cpu.winograd=false)
 grep -E '^  conv 3x3/1' <<<"$direct_profile"
@@ -60,7 +61,7 @@ np2=$(grep -o 'median of 5 pairs: [0-9.]*' <<<"$scaling" | awk '{print $NF}')
 share_of() { awk -v k="$1" -v a="$gemm_before" -v b="$gemm_after" 'BEGIN { printf "%.0f", 100 * k / ((a + b) / 2) }'; }
 share=$(share_of "$kernel_gflops")
 direct_share=$(share_of "$direct_gflops")
-echo "== summary ($model)"
+echo "== summary ($model; our kernels built for $kernels_isa)"
 echo "resnet18 3x64x64 b32 against torchvision (the faster of as shipped and tuned): $(ratio resnet18)  (goal >= 1.3x)"
 echo "resnet50 3x224x224 b16 against torchvision:                                   $(ratio resnet50)  (goal >= 1.3x)"
 echo "resnet50 kernels: $kernel_ms ms a step, $kernel_gflops GFLOP/s, ${share}% of the large GEMM's $gemm_before-$gemm_after (goal >= 60%)"
