@@ -85,7 +85,8 @@ struct OptimizerConfig {
 };
 
 struct CpuConfig {
-  bool winograd{};  // 3x3 stride-1 convolutions by Winograd's F(2x2, 3x3) where it pays
+  bool winograd{};          // 3x3 stride-1 convolutions by Winograd's minimal filtering where it applies
+  int64_t winograd_tile{};  // its tiles' outputs a side in the forward and input gradient: 2 or 4
 };
 
 struct CudaConfig {

@@ -210,7 +210,8 @@ int64_t peak_resident_bytes() {
 
 // The process-wide settings of the host: threads, and the CPU backend's switches.
 void use_host(const Config& config, const distributed::World& world) {
-  set_cpu_options({.winograd = config.cpu.winograd});
+  set_cpu_options(
+      {.winograd = config.cpu.winograd, .winograd_tile = static_cast<int>(config.cpu.winograd_tile)});
   const int threads = threads_for_this_process(config.threads, world.local_size());
   omp_set_num_threads(threads);
   // Eigen blocks a GEMM's inner dimension differently when it runs on several threads, which changes

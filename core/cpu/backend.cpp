@@ -3,6 +3,8 @@
 
 #include <atomic>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "core/cpu/kernels.h"
 #include "core/cpu/packet.h"
@@ -11,13 +13,19 @@
 namespace dptrain {
 namespace {
 std::atomic<bool> winograd_on{true};
+std::atomic<int> winograd_tile{2};
 }  // namespace
 
 void set_cpu_options(const CpuOptions& options) {
+  if (options.winograd_tile != 2 && options.winograd_tile != 4)
+    throw std::invalid_argument("CPU option winograd_tile = " + std::to_string(options.winograd_tile) +
+                                " must be 2 or 4 (outputs a side of Winograd's tiles)");
   winograd_on.store(options.winograd, std::memory_order_relaxed);
+  winograd_tile.store(options.winograd_tile, std::memory_order_relaxed);
 }
 CpuOptions cpu_options() {
-  return {.winograd = winograd_on.load(std::memory_order_relaxed)};
+  return {.winograd = winograd_on.load(std::memory_order_relaxed),
+          .winograd_tile = winograd_tile.load(std::memory_order_relaxed)};
 }
 
 const char* cpu_vector_isa() {

@@ -226,15 +226,18 @@ void check_against(const Case& c, const std::string& backend, const Outcome& got
 
 void check(const Case& c) {
   const Outcome reference = run_case(c, Device::reference());
+  // The CPU's convolutions three times: with Winograd where it applies (the default: F(2x2, 3x3), the
+  // weight gradient F(4x4, 3x3)), with F(4x4, 3x3) throughout, and without, so that every form stays
+  // covered at the shapes that Winograd takes.
+  const std::vector<std::pair<CpuOptions, std::string>> cpu_forms = {
+      {{}, ""}, {{.winograd_tile = 4}, " F4"}, {{.winograd = false}, " direct"}};
   for (const Device device : devices_under_test())
-    for (const bool winograd : {true, false}) {
-      // The CPU's convolutions twice: with Winograd's F(2x2, 3x3) where it applies, and without, so
-      // that the direct, per-tap and im2col forms stay covered at the shapes that it takes.
-      if (!winograd && !(device == Device::cpu() && c.op.rfind("conv2d", 0) == 0)) continue;
-      set_cpu_options({.winograd = winograd});
+    for (const auto& [options, form] : cpu_forms) {
+      if (!form.empty() && !(device == Device::cpu() && c.op.rfind("conv2d", 0) == 0)) continue;
+      set_cpu_options(options);
       const Outcome got = run_case(c, device);
       set_cpu_options({});
-      check_against(c, winograd ? device.str() : device.str() + " direct", got, reference);
+      check_against(c, device.str() + form, got, reference);
     }
 }
 
@@ -279,7 +282,7 @@ std::vector<ConvPool> conv_pool_cases() {
           {{12, 8, 20, 20}, {6, 8, 3, 3}, 1, 0, {2, 2, 0}, true},
           {{2, 3, 13, 12}, {4, 3, 3, 3}, 1, 1, {3, 2, 1}, false},
           {{3, 2, 11, 11}, {5, 2, 3, 3}, 2, 1, {2, 1, 0}, true},
-          {{2, 16, 10, 10}, {24, 16, 3, 3}, 1, 1, {2, 2, 0}, true}};  // by Winograd's F(2x2, 3x3)
+          {{2, 16, 10, 10}, {24, 16, 3, 3}, 1, 1, {2, 2, 0}, true}};  // by Winograd's F2 (and F4)
 }
 // Over 2.2M elements, for the pointwise kernels' multi-threaded and multi-block paths.
 const Shape kLarge = {2, 1100, 1024};
@@ -409,15 +412,18 @@ std::vector<Case> cases() {
                                          {{2, 3, 9, 10}, {8, 3, 4, 4}, 2, 1, false, true},
                                          {{2, 3, 9, 10}, {8, 3, 1, 7}, 2, 2, true, true},
                                          {{2, 3, 5, 2}, {4, 3, 5, 5}, 2, 2, false, true},
-                                         // Winograd's F(2x2, 3x3) (the 3x3/1 rows over 8x8 and more
-                                         // above take it too): odd rows and columns of tiles, channel
-                                         // tails, the smallest plane and channel counts it takes, groups
-                                         // of 3 and 2 samples, and a sample's tiles in bands of rows
-                                         // (10 and 2 of 12)
+                                         // Winograd's F(2x2, 3x3) and F(4x4, 3x3) (the 3x3/1 rows over
+                                         // 8x8, and with F4 4x4, and more above take them too): tiles
+                                         // reaching past the plane, channel tails, the smallest planes
+                                         // and channel counts they take, groups of 3 and 2 samples, and
+                                         // a sample's tiles in bands of rows (F2 with both gradients: 10
+                                         // and 2 of 12; F4 with both: 10 and 3 of 13)
                                          {{2, 24, 9, 12}, {20, 24, 3, 3}, 1, 1, true, true},
                                          {{3, 16, 8, 8}, {16, 16, 3, 3}, 1, 1, false, false},
+                                         {{3, 16, 5, 6}, {20, 16, 3, 3}, 1, 1, false, true},
                                          {{5, 64, 12, 12}, {64, 64, 3, 3}, 1, 1, false, true},
-                                         {{2, 64, 24, 24}, {64, 64, 3, 3}, 1, 1, true, true}}) {
+                                         {{2, 64, 24, 24}, {64, 64, 3, 3}, 1, 1, true, true},
+                                         {{1, 16, 52, 48}, {16, 16, 3, 3}, 1, 1, true, true}}) {
     const std::string shapes = "x " + str(v.x) + ", w " + str(v.w) + ", stride " + std::to_string(v.stride) +
                                ", pad " + std::to_string(v.padding) + (v.relu ? ", fused relu" : "") +
                                (v.bias ? ", bias" : ", no bias");

@@ -311,6 +311,11 @@ TEST(ConfigErrors, ArchitectureLayersAndSyntheticKeys) {
   Json sync = mnist();
   sync["distributed"]["sync_batchnorm"] = "yes";
   expect_config_error(sync, {"distributed.sync_batchnorm"});
+  Json tile = mnist();
+  tile["cpu"]["winograd_tile"] = 3;
+  expect_config_error(tile, {"cpu.winograd_tile", "= 3 must be 2 or 4"});
+  tile["cpu"]["winograd_tile"] = 4;
+  EXPECT_EQ(parse_config(tile).cpu.winograd_tile, 4);
 }
 
 TEST(ParseConfig, DeterministicModeRoundTrips) {
@@ -537,6 +542,7 @@ TEST(ParseConfig, ResolvedDefaultsOfAMinimalConfig) {
   EXPECT_FALSE(resolved["model"].contains("architecture"));
   EXPECT_FALSE(resolved["data"].contains("linear"));
   EXPECT_EQ(resolved["cpu"]["winograd"], true);
+  EXPECT_EQ(resolved["cpu"]["winograd_tile"], 2);
   EXPECT_EQ(resolved.size(), 12u);
 }
 
