@@ -189,7 +189,7 @@ void declare_top(Top t) {
             "Outputs a side of Winograd's tiles in the forward and the input gradient. `2`: F(2x2, 3x3), 4 "
             "products per output and channel pair where the direct form makes 9, relative errors of 2-3e-7 "
             "against exact sums (1.5-2x the direct form's). `4`: F(4x4, 3x3), 2.25 products, errors of "
-            "1-2e-6, also over planes of 4x4 to 7x7; faster (resnet18 and ResNet-50 steps 4-11% shorter), "
+            "1-2e-6, also over planes of 4x4 to 7x7; 3-6% more resnet18 and ResNet-50 images a second, "
             "but its roundings compound through the layers: three SGD steps of resnet20 end 2.9e-5 from "
             "PyTorch's, outside the 1e-5 its fixture holds the default to. The weight gradient is always "
             "F(4x4, 3x3)'s.");
