@@ -185,14 +185,16 @@ void declare_top(Top t) {
             "3x3 convolutions at stride 1 and padding 1 over planes of 8x8 and more (4x4 with "
             "`cpu.winograd_tile` 4) by Winograd's minimal filtering: fewer products, rounded differently "
             "from the direct form; off: the direct and im2col forms. docs/design.md.");
-  cpu.field("winograd_tile", &CpuConfig::winograd_tile, 2, kWinogradTile,
-            "Outputs a side of Winograd's tiles in the forward and the input gradient. `2`: F(2x2, 3x3), 4 "
-            "products per output and channel pair where the direct form makes 9, relative errors of 2-3e-7 "
-            "against exact sums (1.5-2x the direct form's). `4`: F(4x4, 3x3), 2.25 products, errors of "
-            "1-2e-6, also over planes of 4x4 to 7x7; 3-6% more resnet18 and ResNet-50 images a second, "
-            "but its roundings compound through the layers: three SGD steps of resnet20 end 2.9e-5 from "
-            "PyTorch's, outside the 1e-5 its fixture holds the default to. The weight gradient is always "
-            "F(4x4, 3x3)'s.");
+  cpu.field(
+      "winograd_tile", &CpuConfig::winograd_tile, 2, kWinogradTile,
+      "Outputs a side of Winograd's tiles in the forward and the input gradient. `2`: F(2x2, 3x3), 4 "
+      "products per output and channel pair where the direct form makes 9, relative errors of 2-3e-7 "
+      "against exact sums (1.5-2x the direct form's). `4`: F(4x4, 3x3), 2.25 products, errors of "
+      "1-2e-6, also over planes of 4x4 to 7x7; 3-6% more resnet18 and ResNet-50 images a second, "
+      "but its roundings compound through the layers: three SGD steps of resnet20 end 2.9e-5 from "
+      "PyTorch's, outside the 1e-5 its fixture holds the default to. The weight gradient is F(4x4, 3x3)'s "
+      "either way, but for `2` only where its tiles cover no more of the plane than F(2x2, 3x3)'s "
+      "(not over 14x14, say).");
   auto cuda = t.section("cuda", &Config::cuda, "Switches of the CUDA backend.");
   cuda.field("tf32", &CudaConfig::tf32, false, Any{}, "TF32 tensor cores for fp32 GEMMs and convolutions.");
   cuda.field("deterministic", &CudaConfig::deterministic, false, Any{},

@@ -10,9 +10,10 @@
 //                    degrees with in and out swapped
 //   weight gradient  dU_xi[o, c]   += Z_xi[tile, o]^T V_xi[tile, c],  Z = A dy A^T,  dg = G^T dU G
 // The forward and the input gradient take F2 (F4 where cpu_options().winograd_tile is 4), the weight
-// gradient F4 (see backward). Activations are copied channels-last into a zero-padded plane first
-// (the output gradient is written there by its writer), so that every transform is a loop over
-// channels in packets; the outputs go back to planes through register transposes.
+// gradient F4 where its tiles fit the plane as closely as F2's (see backward). Activations are
+// copied channels-last into a zero-padded plane first (the output gradient is written there by its
+// writer), so that every transform is a loop over channels in packets; the outputs go back to planes
+// through register transposes.
 //
 // The transforms add, subtract and scale, so the sums round differently from the direct form's:
 // errors against a double reference of 2-3e-7 at 36-84 channels in F2 (the direct form's 1-4e-7),
@@ -121,8 +122,6 @@ void over_lanes(int64_t n, F f) {
 // F(2x2, 3x3) at the points 0, 1, -1 and infinity.
 struct F2 {
   static constexpr int64_t kOut = 2, kIn = 4;
-  // The forward and the input gradient only: the weight gradient is F4's (backward below).
-  static constexpr bool kWeightGradient = false;
   // Over smaller planes the per-tap GEMMs of conv_small.h skip the padding's products and make few
   // more than these kernels do (100 against 64 a channel pair over 4x4, 16 against 16 over 2x2), and
   // these transform the kernels, 1.8x the weights, on every call: in resnet18's step (64x64 input,
@@ -153,6 +152,23 @@ struct F2 {
     y[0] = padd(padd(m[0], m[ms]), m[2 * ms]);
     y[ys] = psub(psub(m[ms], m[2 * ms]), m[3 * ms]);
   }
+  // A, for the gradient of m from that of y
+  template <typename T>
+  static void output_gradient(const T* dy, int64_t dys, T* z, int64_t zs) {
+    z[0] = dy[0];
+    z[zs] = padd(dy[0], dy[dys]);
+    z[2 * zs] = psub(dy[0], dy[dys]);
+    z[3 * zs] = pnegate(dy[dys]);
+  }
+  // G^T, for the gradient of g from that of u
+  template <typename T>
+  static void kernel_gradient(const T* du, int64_t dus, T* dg, int64_t dgs) {
+    const T half = simd::pset1<T>(0.5f);
+    const T sum = pmul(half, padd(du[dus], du[2 * dus]));
+    dg[0] = padd(du[0], sum);
+    dg[dgs] = pmul(half, psub(du[dus], du[2 * dus]));
+    dg[2 * dgs] = padd(sum, du[3 * dus]);
+  }
 };
 
 // F(4x4, 3x3) at the points 0, 1, -1, 2, -2 and infinity: 36 products for 16 outputs (2.25 a
@@ -160,7 +176,6 @@ struct F2 {
 // sums round further from the direct form's than F2's do.
 struct F4 {
   static constexpr int64_t kOut = 4, kIn = 6;
-  static constexpr bool kWeightGradient = true;
   // Where F4 takes the forward (winograd_tile 4): over 4x4 one tile makes 36 products a channel
   // pair where the per-tap GEMMs of conv_small.h make 100; over 2x2, 36 against 16; over 7x7, 144
   // against 361, but the kernels transformed are 4x the weights. ms a call forward, input and weight
@@ -521,17 +536,15 @@ void backward_by(const Conv2dGeometry& g, const float* x, const float* w, Gradie
         if (gx)
           convolve_band(g, t, band, transformed_inputs<kGradientTiles>(t, band, gradient, O), u, O, C,
                         outputs);
-        if constexpr (F::kWeightGradient) {
-          if (!gw) return;
-          const int64_t n = band.n();
-          const float* z = transformed_output_gradients(t, band, gradient, O);
-          const float* v = transformed_inputs<kInputTiles>(t, band, input, C);
-          over_positions<F>([&](int64_t xi) {
-            gemm(O, C, n, {z + xi * n * O, O, /*transposed=*/true}, {v + xi * n * C, C}, du + xi * O * C, C,
-                 /*accumulate=*/summed);
-          });
-          summed = true;
-        }
+        if (!gw) return;
+        const int64_t n = band.n();
+        const float* z = transformed_output_gradients(t, band, gradient, O);
+        const float* v = transformed_inputs<kInputTiles>(t, band, input, C);
+        over_positions<F>([&](int64_t xi) {
+          gemm(O, C, n, {z + xi * n * O, O, /*transposed=*/true}, {v + xi * n * C, C}, du + xi * O * C, C,
+               /*accumulate=*/summed);
+        });
+        summed = true;
       },
       [&](int64_t first, int64_t count) {
         if (!gx) return;
@@ -552,8 +565,7 @@ void backward_by(const Conv2dGeometry& g, const float* x, const float* w, Gradie
       });
   if (gbias)
     for (int64_t o = 0; o < O; ++o) gbias[o] += bias_sums[o];
-  if constexpr (F::kWeightGradient)
-    if (gw && summed) add_kernel_gradient<F>(du, O, C, gw);  // not for an empty batch: du is as it was left
+  if (gw && summed) add_kernel_gradient<F>(du, O, C, gw);  // not for an empty batch: du is as it was left
 }
 
 }  // namespace
@@ -572,16 +584,24 @@ void forward(const Conv2dGeometry& g, const float* x, const float* w,
 
 void backward(const Conv2dGeometry& g, const float* x, const float* w, GradientOut gx, float* gw,
               float* gbias, const direct_conv::GradientWriter& write_output_gradient) {
-  // F2's input gradient where the tile is 2, F4's weight gradient always: the roundings of an input
-  // gradient (as of the outputs) pass on through every layer below and compound over the steps,
-  // those of a weight gradient stay in its update. With F4's everywhere resnet20's three SGD steps
-  // came 2.9e-5 (of the largest element) from PyTorch's, with F2's 4.0e-6, this way 5.5e-6; and
-  // resnet18's and ResNet-50's steps built for AVX2 take 3.0% and 1.8% less time than with F2's.
-  if (gx && cpu_options().winograd_tile == 2) {
+  if (cpu_options().winograd_tile == 4) return backward_by<F4>(g, x, w, gx, gw, gbias, write_output_gradient);
+  // F2's input gradient, and F4's weight gradient where F4's tiles cover no more of the plane than
+  // F2's: the roundings of an input gradient (as of the outputs) pass on through every layer below
+  // and compound over the steps, those of a weight gradient stay in its update. With F4's everywhere
+  // resnet20's three SGD steps came 2.9e-5 (of the largest element) from PyTorch's, with F2's 4.0e-6,
+  // this way 5.5e-6; and resnet18's and ResNet-50's steps built for AVX2 take 3.0% and 1.8% less
+  // time than with F2's. Where F4's tiles reach further past the plane, outputs that nobody reads eat
+  // up its saving, and the output gradient takes a second pass: ResNet-50's 256 channels
+  // over 14x14 (F4's tiles cover 16x16) took 31.9 ms for both gradients that way against 30.3 by F2
+  // alone (one Intel Xeon core, medians of 6 interleaved runs).
+  const int64_t f2_covers = Tiling<F2>(g).tiles * F2::kOut * F2::kOut,
+                f4_covers = Tiling<F4>(g).tiles * F4::kOut * F4::kOut;
+  if (f4_covers > f2_covers) return backward_by<F2>(g, x, w, gx, gw, gbias, write_output_gradient);
+  if (gx) {
     backward_by<F2>(g, x, w, gx, nullptr, nullptr, write_output_gradient);
     gx = GradientOut{};
   }
-  if (gx || gw || gbias) backward_by<F4>(g, x, w, gx, gw, gbias, write_output_gradient);
+  if (gw || gbias) backward_by<F4>(g, x, w, gx, gw, gbias, write_output_gradient);
 }
 
 }  // namespace dptrain::cpu::winograd_conv
