@@ -1,7 +1,42 @@
 // Strict JSON object reading for configs.
 #include "core/config_reader.h"
 
+#include <algorithm>
+#include <numeric>
+
 namespace dptrain {
+namespace {
+
+// Levenshtein's distance: the fewest insertions, deletions and substitutions from a to b.
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  std::iota(row.begin(), row.end(), std::size_t{0});
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// The candidate nearest to `key` in spelling, if within a third of its length (at least one edit),
+// else "".
+template <typename Keys>
+std::string nearest(const std::string& key, const Keys& candidates) {
+  std::string best;
+  std::size_t best_distance = std::max<std::size_t>(1, key.size() / 3) + 1;
+  for (const std::string& candidate : candidates) {
+    const std::size_t d = edit_distance(key, candidate);
+    if (d < best_distance) best = candidate, best_distance = d;
+  }
+  return best;
+}
+
+}  // namespace
 
 std::string json_type_name(const Json& value) {
   if (value.is_boolean()) return "a boolean";
@@ -33,11 +68,22 @@ std::string ObjectReader::get_choice(const std::string& key, const std::string& 
   DPTRAIN_FAIL("config key ", path_of(key), " = \"", value, "\" is not one of ", list);
 }
 
+std::string ObjectReader::missing(const std::string& key, const std::string& context) const {
+  std::vector<std::string> unread;
+  for (auto& [name, value] : object_.items())
+    if (!used_.count(name)) unread.push_back(name);
+  const std::string near = nearest(key, unread);
+  return "config key " + path_of(key) + " is missing" + context +
+         (near.empty() ? "" : "; " + path_of(near) + " is given: a misspelling?");
+}
+
 void ObjectReader::finish() const {
   for (auto& [key, value] : object_.items()) {
     if (!used_.count(key)) {
+      const std::string near = nearest(key, asked_);
       DPTRAIN_FAIL("config key ", path_of(key), " is not a known key",
-                   "; check its spelling against the README's config reference");
+                   near.empty() ? "; check its spelling against docs/config.md"
+                                : "; did you mean " + path_of(near) + "? (docs/config.md lists every key)");
     }
   }
 }

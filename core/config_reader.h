@@ -18,7 +18,10 @@ class ObjectReader {
  public:
   ObjectReader(const Json& object, std::string path);
 
-  bool has(const std::string& key) const { return object_.contains(key); }
+  bool has(const std::string& key) const {
+    asked_.insert(key);
+    return object_.contains(key);
+  }
   std::string path_of(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
   // The raw value of a present key (marks it used).
   const Json& raw(const std::string& key);
@@ -30,9 +33,13 @@ class ObjectReader {
 
   template <typename T>
   T require(const std::string& key) {
-    DPTRAIN_CHECK(has(key), "config key ", path_of(key), " is missing", hint());
+    DPTRAIN_CHECK(has(key), missing(key, hint()));
     return convert<T>(raw(key), path_of(key));
   }
+
+  // "config key <path> is missing<context>", and the object's unread key nearest to it in spelling
+  // where one is near: {"out_feature": 128} is a dense layer's out_features misspelt.
+  std::string missing(const std::string& key, const std::string& context) const;
 
   // Numeric key with an inclusive range.
   template <typename T>
@@ -60,6 +67,7 @@ class ObjectReader {
   const Json& object_;
   std::string path_;
   std::set<std::string> used_;
+  mutable std::set<std::string> asked_;  // every key looked for, present or not: the known keys
 };
 
 std::string json_type_name(const Json& value);

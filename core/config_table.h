@@ -243,8 +243,7 @@ T read_field(ObjectReader& r, const std::string& key, const D& fallback, const A
              bool applies) {
   if constexpr (std::is_same_v<D, Required>) {
     if (!r.has(key) && !applies) return T{};
-    DPTRAIN_CHECK(r.has(key), "config key ", r.path_of(key), " is missing",
-                  fallback.hint.empty() ? r.hint() : " " + fallback.hint);
+    DPTRAIN_CHECK(r.has(key), r.missing(key, fallback.hint.empty() ? r.hint() : " " + fallback.hint));
     return read_allowed<T>(r, key, T{}, allowed);
   } else if constexpr (kIsComputed<D>) {
     return read_allowed<T>(r, key, T(fallback.value(root)), allowed);

@@ -140,7 +140,7 @@ File parse(const std::vector<char>& bytes, const std::string& source) {
       const uint64_t element_bytes = dtype == "I64" ? 8 : 4;
       DPTRAIN_CHECK(offsets.size() == 2 && offsets[0] <= offsets[1] && offsets[1] <= data_size, source,
                     ": tensor '", name, "' data_offsets out of range (data section is ", data_size,
-                    " bytes)");
+                    " bytes): the file is truncated or damaged");
       uint64_t numel = 1;
       for (int64_t d : shape) {
         DPTRAIN_CHECK(

@@ -77,6 +77,15 @@ World::World(int* argc, char*** argv) {
   DPTRAIN_MPI_CHECK(MPI_Allreduce(&first_on_host, &hosts_, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
 }
 
+std::string mpi_library_built_against() {
+#if defined(OMPI_MAJOR_VERSION)
+  return "Open MPI " + std::to_string(OMPI_MAJOR_VERSION) + "." + std::to_string(OMPI_MINOR_VERSION) + "." +
+         std::to_string(OMPI_RELEASE_VERSION);
+#else
+  return "an MPI " + std::to_string(MPI_VERSION) + "." + std::to_string(MPI_SUBVERSION) + " library";
+#endif
+}
+
 World::~World() {
   MPI_Finalize();
 }

@@ -6,6 +6,9 @@
 
 namespace dptrain::distributed {
 
+// The MPI library this binary was built against, "Open MPI 4.1.4" (before or without MPI_Init).
+std::string mpi_library_built_against();
+
 class World {
  public:
   // Initialises MPI (works without mpirun too: a singleton world of one).

@@ -34,7 +34,7 @@ std::unique_ptr<Module> build_dense(const LayerContext& c) {
   DPTRAIN_CHECK(c.input.size() == 1, "config key ", r.path_of("type"),
                 ": dense needs a flat input, gets per-sample ", "shape ", shape_str(c.input),
                 "; add a {\"type\": \"flatten\"} layer before it");
-  DPTRAIN_CHECK(r.has("out_features"), "config key ", r.path_of("out_features"), " is missing (dense)");
+  DPTRAIN_CHECK(r.has("out_features"), r.missing("out_features", " (dense)"));
   const int64_t in = c.input[0], out = r.get_in_range<int64_t>("out_features", 1, 1, 1 << 24);
   const bool bias = r.get<bool>("bias", true);
   auto layer = std::make_unique<Dense>(c.name, in, out, bias);

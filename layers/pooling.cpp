@@ -30,7 +30,7 @@ Shape GlobalAvgPool::output_shape(const Shape& input) const {
 namespace {
 std::unique_ptr<Module> build_maxpool2d(const LayerContext& c) {
   ObjectReader& r = c.config;
-  DPTRAIN_CHECK(r.has("kernel"), "config key ", r.path_of("kernel"), " is missing (maxpool2d)");
+  DPTRAIN_CHECK(r.has("kernel"), r.missing("kernel", " (maxpool2d)"));
   const int kernel = r.get_in_range("kernel", 2, 1, 64);
   const int stride = r.get_in_range("stride", kernel, 1, 64);
   return std::make_unique<MaxPool2D>(kernel, stride, r.get_in_range("padding", 0, 0, kernel / 2));

@@ -90,7 +90,7 @@ std::unique_ptr<Module> build_residual_block(const LayerContext& c) {
   const std::string type = kind == ResidualBlock::Kind::kBasic ? "basic_block" : "bottleneck";
   DPTRAIN_CHECK(c.input.size() == 3, "config key ", r.path_of("type"), ": ", type,
                 " needs a [C, H, W] input, gets ", shape_str(c.input));
-  DPTRAIN_CHECK(r.has("planes"), "config key ", r.path_of("planes"), " is missing (", type, ")");
+  DPTRAIN_CHECK(r.has("planes"), r.missing("planes", " (" + type + ")"));
   const int64_t planes = r.get_in_range<int64_t>("planes", 1, 1, 1 << 16);
   const int stride = r.get_in_range("stride", 1, 1, 8);
   return residual_block(kind, c.name, c.input[0], planes, stride, c.seed);

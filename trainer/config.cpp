@@ -3,6 +3,9 @@
 #include "trainer/config.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <sstream>
@@ -175,9 +178,9 @@ void declare_top(Top t) {
   t.field("seed", &Config::seed, 0, Range{0, UINT64_MAX}, "Seeds initialisation, shuffling and dropout.");
   t.field("output_dir", &Config::output_dir, "runs/default", Any{},
           "Metrics, final weights and (by default) checkpoints go here.");
-  t.field(
-      "threads", &Config::threads, 0, Range{0, 1024},
-      "CPU threads per rank; 0: SLURM_CPUS_PER_TASK where Slurm sets it, else the host's cores / its ranks.");
+  t.field("threads", &Config::threads, 0, Range{0, 1024},
+          "CPU threads per rank; 0: SLURM_CPUS_PER_TASK where Slurm sets it, else the host's cores / its "
+          "ranks, either at most the CPUs the rank is bound to (its affinity mask).");
   t.field("device", &Config::device, DeviceKind::kCpu, kDevices,
           "`cuda`: rank r on GPU local_rank; `auto`: CUDA when built and a GPU is present.");
   auto cpu = t.section("cpu", &Config::cpu, "Switches of the CPU backend.");
@@ -532,8 +535,15 @@ std::string to_string(LossKind kind) {
 }
 
 Json read_json_file(const std::string& path) {
+  std::error_code ignored;
+  DPTRAIN_CHECK(!std::filesystem::is_directory(path, ignored), path,
+                ": is a directory; --config takes a JSON file (configs/ has examples)");
   std::ifstream in(path);
-  DPTRAIN_CHECK(in, path, ": cannot open config file");
+  DPTRAIN_CHECK(
+      in, path, ": cannot open config file: ", std::strerror(errno),
+      std::filesystem::path(path).is_relative()
+          ? " (relative to the current directory, " + std::filesystem::current_path(ignored).string() + ")"
+          : "");
   try {
     return Json::parse(in, nullptr, true, /*ignore_comments=*/true);
   } catch (const Json::exception& e) {  // parse_error, or out_of_range for a number such as 1e400
@@ -580,6 +590,9 @@ void apply_override(Json& config, const std::string& assignment) {
   std::string key, walked;
   while (std::getline(keys, key, '.')) {
     DPTRAIN_CHECK(!key.empty(), "bad --set '", assignment, "': empty key in path");
+    DPTRAIN_CHECK(key.find('[') == std::string::npos, "bad --set '", assignment,
+                  "': --set cannot index into a list; give ", "the whole list, e.g. --set '",
+                  walked.empty() ? "" : walked + ".", key.substr(0, key.find('[')), "=[...]'");
     if (node->is_null()) *node = Json::object();  // a section the file leaves out
     DPTRAIN_CHECK(node->is_object(), "bad --set '", assignment, "': ", walked, " is not an object");
     walked += (walked.empty() ? "" : ".") + key;

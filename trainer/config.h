@@ -158,7 +158,7 @@ struct CheckpointConfig {
 struct Config {
   uint64_t seed{};
   std::string output_dir{};
-  int threads{};  // 0: SLURM_CPUS_PER_TASK, else the host's cores / its ranks (trainer/threads.cpp)
+  int threads{};  // 0: SLURM_CPUS_PER_TASK, else the host's cores / its ranks, within the affinity mask
   DeviceKind device{};
   CpuConfig cpu;
   CudaConfig cuda;

@@ -50,7 +50,7 @@ DirectoryLock::DirectoryLock(const std::string& dir, const std::function<void(co
     : path_(dir + "/.dptrain.lock") {
   std::error_code error;
   std::filesystem::create_directories(dir, error);
-  DPTRAIN_CHECK(!error, "cannot create the run directory ", dir, ": ", error.message());
+  DPTRAIN_CHECK(!error, "cannot create the run directory ", dir, " (output_dir): ", error.message());
   while (true) {
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     DPTRAIN_CHECK(fd_ >= 0, "cannot create the lock file ", path_, ": ", errno_text(errno),

@@ -46,7 +46,30 @@ bool launcher_writes_to_terminal() {
   return is_terminal_device(std::string(target, static_cast<std::size_t>(n)));
 }
 
+// ", 0:07 elapsed, 1:23 left": the steps left at the epoch's mean step time so far.
+std::string time_text(int64_t done, const ProgressClock& clock) {
+  const double left = static_cast<double>(clock.steps_left) * clock.epoch_seconds / static_cast<double>(done);
+  return ", " + clock_text(clock.run_seconds) + " elapsed, " + clock_text(left) + " left";
+}
+
 }  // namespace
+
+std::string clock_text(double seconds) {
+  const auto total = static_cast<long long>(std::max(0.0, seconds) + 0.5);
+  char text[32];
+  if (total >= 3600)
+    std::snprintf(text, sizeof text, "%lld:%02lld:%02lld", total / 3600, total / 60 % 60, total % 60);
+  else
+    std::snprintf(text, sizeof text, "%lld:%02lld", total / 60, total % 60);
+  return text;
+}
+
+int64_t run_steps_left(int64_t steps, int64_t done, int64_t epochs_after, int64_t steps_per_epoch,
+                       int64_t max_steps, int64_t global_step) {
+  int64_t left = steps - done + epochs_after * steps_per_epoch;
+  if (max_steps > 0) left = std::min(left, max_steps - global_step);
+  return std::max<int64_t>(left, 0);
+}
 
 ProgressMode resolve_progress_mode(ProgressMode configured) {
   if (configured != ProgressMode::kAuto) return configured;
@@ -79,7 +102,7 @@ bool Progress::due(int64_t step) const {
 }
 
 void Progress::update(int64_t step, double loss, double accuracy, double samples_per_sec,
-                      double gradient_norm) {
+                      double gradient_norm, const ProgressClock& clock) {
   const int64_t done = step + 1;
   char norm[48] = "";
   if (gradient_norm >= 0) std::snprintf(norm, sizeof norm, " grad norm %.4g", gradient_norm);
@@ -91,15 +114,16 @@ void Progress::update(int64_t step, double loss, double accuracy, double samples
     const int filled = static_cast<int>(kWidth * done / std::max<int64_t>(steps_, 1));
     std::string bar(filled, '=');
     if (filled < kWidth) bar += '>' + std::string(kWidth - filled - 1, ' ');
-    std::printf("\repoch %lld/%lld [%s] %lld/%lld loss %.4f%s%s %.0f samples/s ",
+    std::printf("\repoch %lld/%lld [%s] %lld/%lld loss %.4f%s%s %.0f samples/s%s ",
                 static_cast<long long>(epoch_), static_cast<long long>(epochs_), bar.c_str(),
                 static_cast<long long>(done), static_cast<long long>(steps_), loss,
-                accuracy_text(accuracy).c_str(), norm, samples_per_sec);
+                accuracy_text(accuracy).c_str(), norm, samples_per_sec, time_text(done, clock).c_str());
     std::fflush(stdout);
   } else if (mode_ == ProgressMode::kLines && (done % log_every_steps_ == 0 || done == steps_)) {
-    std::printf("epoch %lld/%lld step %lld/%lld loss %.4f%s%s %.0f samples/s\n",
+    std::printf("epoch %lld/%lld step %lld/%lld loss %.4f%s%s %.0f samples/s%s\n",
                 static_cast<long long>(epoch_), static_cast<long long>(epochs_), static_cast<long long>(done),
-                static_cast<long long>(steps_), loss, accuracy_text(accuracy).c_str(), norm, samples_per_sec);
+                static_cast<long long>(steps_), loss, accuracy_text(accuracy).c_str(), norm, samples_per_sec,
+                time_text(done, clock).c_str());
     std::fflush(stdout);
   }
 }

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/timeline.h"
 #include "data/registry.h"
+#include "trainer/progress.h"
 
 namespace dptrain::trainer {
 namespace {
@@ -63,18 +64,44 @@ void print_summary(const Config& config, const RunSummary& s) {
   if (k.every_steps > 0) every = std::to_string(k.every_steps) + " step(s)";
   if (k.every_epochs > 0)
     every += (every.empty() ? "" : " and ") + std::to_string(k.every_epochs) + " epoch(s)";
-  std::printf("checkpoints: %s, %s%s, newest %s kept\n", k.dir.c_str(), every.empty() ? "" : "every ",
+  std::printf("checkpoints: %s, %s%s, %s kept\n", k.dir.c_str(), every.empty() ? "" : "every ",
               every.empty() ? "at the end only" : (every + " and at the end").c_str(),
-              k.keep > 0 ? std::to_string(k.keep).c_str() : "all");
+              k.keep > 0 ? ("newest " + std::to_string(k.keep)).c_str() : "all");
   if (s.already_complete)
     std::printf("dptrain: training already complete at step %lld; nothing to do\n",
                 static_cast<long long>(s.global_step));
   std::fflush(stdout);
 }
 
+void print_run_end(const Config& config, const std::vector<EpochMetrics>& epochs, double seconds) {
+  if (epochs.empty()) return;
+  const EpochMetrics& last = epochs.back();
+  const bool accuracy = config.model.loss != LossKind::kMse;
+  const auto better = [&](const EpochMetrics& a, const EpochMetrics& b) {
+    return accuracy ? a.test_accuracy > b.test_accuracy : a.test_loss < b.test_loss;
+  };
+  const EpochMetrics* best = &epochs.front();
+  for (const EpochMetrics& m : epochs)
+    if (better(m, *best)) best = &m;
+  char figures[160];
+  if (accuracy)
+    std::snprintf(figures, sizeof figures,
+                  "test acc %.2f%% (loss %.4f) after epoch %lld, best %.2f%% after epoch %lld",
+                  100 * last.test_accuracy, last.test_loss, static_cast<long long>(last.epoch),
+                  100 * best->test_accuracy, static_cast<long long>(best->epoch));
+  else
+    std::snprintf(figures, sizeof figures, "test loss %.6g after epoch %lld, lowest %.6g after epoch %lld",
+                  last.test_loss, static_cast<long long>(last.epoch), best->test_loss,
+                  static_cast<long long>(best->epoch));
+  std::printf("done: %zu epoch(s) to step %lld in %s; %s\n", epochs.size(), static_cast<long long>(last.step),
+              clock_text(seconds).c_str(), figures);
+}
+
 void print_epoch(const Config& config, int ranks, const EpochMetrics& m) {
+  // A signal's stop prints no epoch line: an epoch cut short here ended at training.max_steps.
   const std::string resumed =
-      m.first_sample > 0 ? " (resumed at sample " + std::to_string(m.first_sample) + ")" : std::string();
+      (m.first_sample > 0 ? " (resumed at sample " + std::to_string(m.first_sample) + ")" : std::string()) +
+      (m.stopped_early ? " (cut short: training.max_steps " + std::to_string(m.step) + " reached)" : "");
   if (config.model.loss == LossKind::kMse) {
     std::printf("epoch %lld: train loss %.6g | test loss %.6g | %.0f samples/s (%.0f per rank), %.2f s%s\n",
                 static_cast<long long>(m.epoch), m.train_loss, m.test_loss, m.samples_per_sec,

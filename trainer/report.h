@@ -33,6 +33,9 @@ struct RunSummary {
 
 void print_summary(const Config& config, const RunSummary& summary);
 void print_epoch(const Config& config, int ranks, const EpochMetrics& m);
+// The run's last line before its weights: epochs, last step and wall time, the last test figures and
+// the best of them (highest accuracy, or lowest loss without one). Nothing for no epoch.
+void print_run_end(const Config& config, const std::vector<EpochMetrics>& epochs, double seconds);
 void print_evaluation(const Config& config, int ranks, const std::string& checkpoint, const Evaluation& e);
 
 // metrics.jsonl in output_dir: one line per (partial) epoch; rank 0 writes, other ranks hold none.

@@ -1,6 +1,7 @@
 // Checkpoints of a run: resuming (rank 0 reads, start() hands out), model.init_from, writing them,
 // and the note a signal-stopped run leaves.
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 
@@ -115,11 +116,16 @@ void Trainer::write_stop_note(const std::string& why) const {
                      {"resume", "run the same command with --resume auto"}};
   std::ofstream(stop_note_path(config_)) << note.dump() << "\n";
   std::fflush(stdout);
+  // Open MPI's mpirun turns a SIGTERM or SIGINT sent to it into SIGTERM for the ranks, and exits 1.
+  const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_RANK") != nullptr;
   std::fprintf(stderr,
-               "dptrain: stopped by %s after step %lld, checkpoint %s written; exiting with status %d "
+               "dptrain: stopped by %s after step %lld, checkpoint %s written; exiting with status %d%s "
                "(resume with --resume auto)\n",
                why.c_str(), static_cast<long long>(position_.global_step), checkpoint.c_str(),
-               kExitStoppedWithCheckpoint);
+               kExitStoppedWithCheckpoint,
+               under_mpirun && why.rfind("SIGUSR1", 0) != 0
+                   ? " (mpirun itself exits 1 when the signal was sent to it; stopped.json records the stop)"
+                   : "");
 }
 
 // Labels are positions in the class list: another list would silently relabel the data.

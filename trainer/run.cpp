@@ -213,6 +213,13 @@ void use_host(const Config& config, const distributed::World& world) {
   set_cpu_options(
       {.winograd = config.cpu.winograd, .winograd_tile = static_cast<int>(config.cpu.winograd_tile)});
   const int threads = threads_for_this_process(config.threads, world.local_size());
+  const int allowed_cpus = allowed_cpus_of_this_process();
+  if (threads > allowed_cpus && world.rank() == 0)
+    std::fprintf(stderr,
+                 "dptrain: warning: threads = %d, but rank 0 is bound to %d CPU(s), where its threads "
+                 "will take turns; mpirun binds each of 2 or fewer ranks to one core: add --bind-to none "
+                 "or --map-by socket:PE=%d\n",
+                 threads, allowed_cpus, threads);
   omp_set_num_threads(threads);
   // Eigen blocks a GEMM's inner dimension differently when it runs on several threads, which changes
   // the rounding; the project's own OpenMP loops split work by output element and do not. So the
@@ -321,8 +328,26 @@ void Trainer::start(const RunOptions& options) {
   }
 }
 
+// A run stopped by a signal left its checkpoint for --resume auto: a fresh start would remove it
+// (clear_earlier), and a relaunch that forgot --resume would lose the work of a preempted job.
+void Trainer::refuse_to_discard_a_stopped_run() const {
+  const std::string note_path = stop_note_path(config_);
+  std::ifstream in(note_path);
+  if (!in) return;
+  const Json note = Json::parse(in, nullptr, /*allow_exceptions=*/false);
+  std::string what = "a run stopped with a checkpoint";
+  if (note.is_object() && note.value("stopped_by", Json()).is_string() &&
+      note.value("global_step", Json()).is_number_integer())
+    what = "a run stopped by " + note["stopped_by"].get<std::string>() + " after step " +
+           std::to_string(note["global_step"].get<int64_t>()) + ", with its checkpoint";
+  DPTRAIN_FAIL(note_path, ": ", what, "; continue it with --resume auto, or remove ", note_path,
+               " to start afresh (which removes the checkpoints in ", config_.checkpoint.dir, ")");
+}
+
 TrainingResult Trainer::run() {
+  run_start_ = Clock::now();
   if (world_.is_root()) {
+    if (!resumed_) refuse_to_discard_a_stopped_run();
     std::filesystem::remove(stop_note_path(config_));  // a previous run's: this one decides anew
     if (!resumed_) {
       const std::string cleared = checkpoints_.clear_earlier();
@@ -358,6 +383,7 @@ TrainingResult Trainer::run() {
     for (const NamedTensor& p : model_state())
       weights.push_back({p.name, p.tensor.to(Device::cpu()), p.stored});
     safetensors::save(path, weights, {{"format", "pt"}, {"producer", "dptrain"}});
+    print_run_end(config_, result.epochs, seconds_since(run_start_));
     std::printf("final weights: %s\n", path.c_str());
   }
   if (!config_.distributed.timeline.empty()) write_timeline(*comm_, config_.distributed.timeline);
@@ -385,7 +411,10 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
           step, totals.loss_sum.value() / totals.samples,
           config_.model.loss == LossKind::kMse ? -1.0 : static_cast<double>(totals.correct) / totals.samples,
           totals.samples * world_.size() / seconds_since(start),
-          config_.optimizer.max_grad_norm > 0 ? totals.clipping.last_norm : -1.0);
+          config_.optimizer.max_grad_norm > 0 ? totals.clipping.last_norm : -1.0,
+          {.run_seconds = seconds_since(run_start_),
+           .epoch_seconds = seconds_since(start),
+           .steps_left = steps_left_after(epoch, step, steps)});
     }
     stop_ = agree_on_stop();
     const bool epoch_ends = step + 1 == steps || step_limit_reached() || stop_.any();
@@ -488,8 +517,10 @@ Evaluation Trainer::evaluate() {
           .samples = n};
 }
 
+// A checkpoint (validated) or a file of weights alone, such as a run's model.safetensors, as
+// model.init_from reads them.
 Evaluation Trainer::evaluate_checkpoint(const std::string& path) {
-  if (world_.is_root()) restore(read_checkpoint(path), model_state(), nullptr);
+  if (world_.is_root()) init_from(path);
   int64_t none = 0;
   distributed::broadcast_state(*comm_, *state_comm_, {parameters_->values(), buffers_->values()},
                                std::span<int64_t>(&none, 1));
@@ -516,6 +547,11 @@ std::vector<NamedTensor> Trainer::model_state() const {
 
 bool Trainer::step_limit_reached() const {
   return config_.training.max_steps > 0 && position_.global_step >= config_.training.max_steps;
+}
+
+int64_t Trainer::steps_left_after(int64_t epoch, int64_t step, int64_t steps) const {
+  return run_steps_left(steps, step + 1, config_.training.epochs - epoch, optimizer_steps_per_epoch(),
+                        config_.training.max_steps, position_.global_step);
 }
 
 // Per-step means over all ranks' steps; `wall_seconds` is this rank's time for its totals.steps.

@@ -31,7 +31,11 @@ extern "C" void record_stop_signal(int signal) {
   // every rank agrees on, and a user at a terminal should know the key press was taken.
   constexpr std::string_view kSigint =
       "dptrain: SIGINT: stopping with a checkpoint at the next step; SIGINT again stops at once\n";
-  constexpr std::string_view kSigterm = "dptrain: SIGTERM: stopping with a checkpoint at the next step\n";
+  // mpirun also sends SIGTERM when it ends a job because another rank failed, and then SIGKILL before
+  // any step ends: the line must not promise a checkpoint there.
+  constexpr std::string_view kSigterm =
+      "dptrain: SIGTERM: stopping with a checkpoint at the next step (unless mpirun is ending the job "
+      "for another rank's error)\n";
   constexpr std::string_view kSigusr1 = "dptrain: SIGUSR1: stopping with a checkpoint at the next step\n";
   const std::string_view line = signal == SIGINT ? kSigint : signal == SIGTERM ? kSigterm : kSigusr1;
   [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, line.data(), line.size());

@@ -4,6 +4,7 @@
 // steps of bench/train_bench.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -86,6 +87,7 @@ class Trainer {
   // Whether any rank received a stop signal, agreed by all after each step.
   StopRequests agree_on_stop() const;
   void write_stop_note(const std::string& why) const;
+  void refuse_to_discard_a_stopped_run() const;
   void train_step(int64_t epoch, int64_t step_in_epoch, StepTotals& totals);
   double averaged_gradient_norm();  // global L2, every rank the same; collective when sharded
   const StepPlan& plan_step(int64_t step_in_epoch);
@@ -115,6 +117,8 @@ class Trainer {
   // sharded: every rank's part is gathered into whole buffers (briefly, the memory sharding saves).
   std::vector<NamedTensor> optimizer_state_whole();
   bool step_limit_reached() const;
+  // The steps the run has left after step `step` (0-based) of `steps` in epoch `epoch`.
+  int64_t steps_left_after(int64_t epoch, int64_t step, int64_t steps) const;
   StepTimes mean_step_times(const StepTotals& totals, double wall_seconds);
   uint64_t dropout_seed_of_pass(int64_t pass) const;
   uint64_t dropout_seed_of_micro_batch(int64_t global_micro_batch) const;
@@ -153,6 +157,7 @@ class Trainer {
   std::unique_ptr<distributed::GradientSync> gradient_sync_;
   StepPlan plan_;  // the current step's; kept to reuse its storage
   Progress progress_;
+  std::chrono::steady_clock::time_point run_start_{};  // when run() began: the progress' elapsed time
   InjectedFault fault_;
   Checkpoints checkpoints_;
   std::unique_ptr<data::BatchLoader> train_loader_, test_loader_;

@@ -221,7 +221,7 @@ TEST(BuildSequentialErrors, UnknownKeyInALayer) {
                                          {"type": "maxpool2d", "kernel": 2, "kernal": 2}])"),
                          {1, 28, 28}, 0);
       },
-      {"model.layers[1].kernal", "not a known key"});
+      {"model.layers[1].kernal", "not a known key", "did you mean model.layers[1].kernel?"});
   expect_error([] { build_sequential(Json::parse(R"([{"type": "relu", "inplace": true}])"), {4}, 0); },
                {"model.layers[0].inplace"});
 }
@@ -247,6 +247,14 @@ TEST(BuildSequentialErrors, MissingOutFeatures) {
         build_sequential(Json::parse(R"([{"type": "flatten"}, {"type": "dense"}])"), {1, 4, 4}, 0);
       },
       {"model.layers[1].out_features", "missing"});
+  // A misspelt required key is reported as the missing one, which names the misspelling.
+  expect_error(
+      [] {
+        build_sequential(Json::parse(R"([{"type": "flatten"}, {"type": "dense", "out_feature": 3}])"),
+                         {1, 4, 4}, 0);
+      },
+      {"model.layers[1].out_features is missing (dense); model.layers[1].out_feature is given: a "
+       "misspelling?"});
 }
 
 TEST(BuildSequentialErrors, BadValues) {

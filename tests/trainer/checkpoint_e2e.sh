@@ -14,8 +14,9 @@
 #   interrupted_write       rank 0 SIGKILLed half-way through writing a checkpoint: the previous one
 #                           still loads, --resume auto picks it, and the weights still match
 #   damaged_checkpoints     flipped byte, truncation, another model: auto reports each by name and
-#                           reason and falls back; an explicit PATH fails with one line; and
-#                           model.init_from takes a checkpoint's weights
+#                           reason and falls back; an explicit PATH fails with one line;
+#                           model.init_from takes a checkpoint's weights, and --evaluate a run's
+#                           model.safetensors
 #   resume_other_world_size 2 ranks -> 1 and 1 -> 2: training continues from the same sample and
 #                           reaches the straight run's accuracy band
 #   pytorch_interop         scripts/checkpoint_to_pytorch.py's accuracy == trainer --evaluate's
@@ -166,6 +167,10 @@ case "$CASE" in
     b=$(sed -n 's/.*: \(test loss .* correct\).*/\1/p' evaluate_init_from.out)
     [ -n "$a" ] && [ "$a" = "$b" ] || fail "init_from a checkpoint: '$a' vs '$b'"
     echo "  model.init_from a checkpoint evaluates as its source: $b)"
+    # --evaluate also takes the weights alone, the run's model.safetensors (no checkpoint metadata).
+    launch 1 evaluate_final "${RUN[@]}" --evaluate "$SCRATCH/init_from/model.safetensors"
+    c=$(sed -n 's/.*: \(test loss .* correct\).*/\1/p' evaluate_final.out)
+    [ "$RC" -eq 0 ] && [ "$c" = "$a" ] || fail "--evaluate model.safetensors: '$c' vs '$a': $(cat evaluate_final.err)"
     ;;
 
   resume_other_world_size)

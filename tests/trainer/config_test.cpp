@@ -142,22 +142,30 @@ TEST(ConfigErrors, UnknownOrNegativeCheckpointKeys) {
 TEST(ConfigErrors, UnknownTopLevelKey) {
   Json j = mnist();
   j["sed"] = 1;
-  expect_config_error(j, {"config key sed", "not a known key"});
+  expect_config_error(j, {"config key sed", "not a known key", "did you mean seed?"});
 }
 
+// A misspelt key names the known key nearest to it (within a third of its length in edits); a key
+// near none says where the keys are listed.
 TEST(ConfigErrors, UnknownNestedKey) {
   Json j = mnist();
   j["optimizer"]["lrr"] = 0.1;
-  expect_config_error(j, {"optimizer.lrr", "not a known key"});
+  expect_config_error(j, {"optimizer.lrr", "not a known key", "did you mean optimizer.lr?"});
   Json k = mnist();
   k["data"]["batchsize"] = 64;
-  expect_config_error(k, {"data.batchsize"});
+  expect_config_error(k, {"data.batchsize", "did you mean data.batch_size?"});
   Json t = mnist();
   t["training"]["epoch"] = 3;
-  expect_config_error(t, {"training.epoch"});
+  expect_config_error(t, {"training.epoch", "did you mean training.epochs?"});
   Json m = mnist();
   m["model"]["layer"] = Json::array();
-  expect_config_error(m, {"model.layer"});
+  expect_config_error(m, {"model.layer", "did you mean model.layers?"});
+  Json o = mnist();
+  o["optimiser"] = o["optimizer"];
+  expect_config_error(o, {"config key optimiser", "did you mean optimizer?"});
+  Json far = mnist();
+  far["training"]["colour"] = 3;
+  expect_config_error(far, {"training.colour is not a known key; check its spelling against docs/config.md"});
 }
 
 TEST(ConfigErrors, WrongType) {

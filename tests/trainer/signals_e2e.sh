@@ -6,7 +6,8 @@
 # Cases (the MNIST CNN on a subset, 2 ranks; exit 77 = skipped when data/mnist is absent):
 #   stop_sigterm_mpirun   SIGTERM to mpirun mid-run: the ranks stop after the same step, rank 0
 #                         writes that step's checkpoint and stopped.json; mpirun itself exits 1 (Open
-#                         MPI's own status for a SIGTERM it receives); --resume auto then ends with
+#                         MPI's own status for a SIGTERM it receives); the same command without
+#                         --resume is refused and leaves both; --resume auto then ends with
 #                         model.safetensors byte-identical to a run never stopped
 #   stop_sigusr1          the same with SIGUSR1, which mpirun forwards: mpirun exits 75
 #   stop_sigterm_one_rank SIGTERM to one rank's process only: every rank stops, status 75
@@ -85,6 +86,12 @@ stop_and_resume() {
   [ -e "$ckpt" ] || fail "no checkpoint of the step it stopped at ($ckpt)"
   [ ! -e "$SCRATCH/run/model.safetensors" ] || fail "a stopped run wrote final weights"
   grep -q "exiting with status 75" stopped.err || fail "no line saying the run stopped with status 75"
+  # Relaunched without --resume, the run refuses to start afresh over the stopped one's checkpoint.
+  RUN_DIR=run launch 2 forgot "${RUN[@]}"
+  [ "$RC" -ne 0 ] || fail "a fresh start over a stopped run's checkpoint was not refused"
+  grep -q "stopped.json: a run stopped by .* after step $step, with its checkpoint; continue it with --resume auto" \
+    forgot.err || fail "no line naming the stopped run and --resume auto: $(grep dptrain forgot.err)"
+  [ -e "$ckpt" ] && [ -e "$SCRATCH/run/stopped.json" ] || fail "the refused start removed the stopped run's files"
   RUN_DIR=run train 2 resumed "${RUN[@]}" --resume auto
   grep -q "resuming from $ckpt" resumed.out || fail "did not resume from $ckpt: $(grep resuming resumed.out)"
   [ ! -e "$SCRATCH/run/stopped.json" ] || fail "stopped.json outlived the resumed run's start"
