@@ -177,7 +177,8 @@ const Check<std::vector<double>> kBetas{"two numbers in [0, 1)", [](const std::v
 void declare_top(Top t) {
   t.field("seed", &Config::seed, 0, Range{0, UINT64_MAX}, "Seeds initialisation, shuffling and dropout.");
   t.field("output_dir", &Config::output_dir, "runs/default", Any{},
-          "Metrics, final weights and (by default) checkpoints go here.");
+          "Metrics, final weights and (by default) checkpoints go here. Relative paths here and in "
+          "data.dir start from the current directory, not the config file's.");
   t.field("threads", &Config::threads, 0, Range{0, 1024},
           "CPU threads per rank; 0: SLURM_CPUS_PER_TASK where Slurm sets it, else the host's cores / its "
           "ranks, either at most the CPUs the rank is bound to (its affinity mask).");
