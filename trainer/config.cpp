@@ -552,15 +552,19 @@ Json read_json_file(const std::string& path) {
   }
 }
 
+std::string config_source(const std::string& path, const std::vector<std::string>& assignments) {
+  std::string source = path;
+  for (const std::string& assignment : assignments) source += " --set " + assignment;
+  return source;
+}
+
 Json read_config(const std::string& path, const std::vector<std::string>& assignments) {
   Json json = read_json_file(path);
   for (const std::string& assignment : assignments) apply_override(json, assignment);
   try {
     parse_config(json);
   } catch (const Error& e) {
-    std::string source = path;
-    for (const std::string& assignment : assignments) source += " --set " + assignment;
-    throw Error(source + ": " + e.what());
+    throw Error(config_source(path, assignments) + ": " + e.what());
   }
   return json;
 }

@@ -179,6 +179,8 @@ Config parse_config(const Json& config);
 // The config file with the --set assignments applied, checked by parse_config. Its errors name the
 // key; this adds which file, and the assignments, that the key came from.
 Json read_config(const std::string& path, const std::vector<std::string>& assignments);
+// "<path> --set a=1 --set b=2": where a config's keys came from, as its errors name it.
+std::string config_source(const std::string& path, const std::vector<std::string>& assignments);
 // The fully resolved config, every default filled in (what --print-config shows and runs record).
 Json to_json(const Config& config);
 // The gradient-sync strategy a config runs: distributed.gradient_sync, or for "auto" the exact sum in

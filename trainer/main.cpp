@@ -133,7 +133,12 @@ int main(int argc, char** argv) {
         return trainer::kExitStoppedWithCheckpoint;
     }
   } catch (const std::exception& e) {
-    world.exit_with_error("dptrain", e.what());
+    // A key's error found after the config was read (a layer's, as the model is built) names where
+    // the key came from, as read_config's own errors do.
+    const std::string what = e.what();
+    const std::string located =
+        what.starts_with("config key") ? trainer::config_source(config_path, overrides) + ": " + what : what;
+    world.exit_with_error("dptrain", located.c_str());
   }
   return 0;
 }

@@ -106,6 +106,16 @@ TEST(TrainerCli, UnknownKeyFromSet) {
                         {"optimizer.lrr", "not a known key"});
 }
 
+// A layer's key is read as the model is built, after the config: its error names the source too.
+TEST(TrainerCli, LayerKeyErrorNamesTheConfig) {
+  expect_one_line_error(
+      "--config configs/mnist_mlp.json --set 'model.layers=[{\"type\": \"flatten\"}, {\"type\": \"dense\", "
+      "\"out_feature\": 10}]'",
+      {"configs/mnist_mlp.json --set model.layers=[{\"type\": \"flatten\"}, {\"type\": \"dense\", "
+       "\"out_feature\": "
+       "10}]: config key model.layers[1].out_features is missing (dense)"});
+}
+
 TEST(TrainerCli, WrongTypeFromSet) {
   expect_one_line_error("--config configs/mnist.json --set 'data.batch_size=\"x\"'",
                         {"data.batch_size", "expected an integer"});
