@@ -15,7 +15,7 @@ constexpr int kMaxReplacements = 16;
 
 }  // namespace
 
-int default_workers(ReadCost cost, int ranks_on_host, bool feeds_gpu) {
+int default_workers(ReadCost cost, int cpus_of_this_rank, bool feeds_gpu) {
   switch (cost) {
     case ReadCost::kMemory:
       return feeds_gpu ? 1 : 0;
@@ -24,8 +24,8 @@ int default_workers(ReadCost cost, int ranks_on_host, bool feeds_gpu) {
     case ReadCost::kDecode:
       break;
   }
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::clamp(cores / std::max(1, ranks_on_host), 1, 4);
+  // Workers beyond the rank's CPUs would take turns with its compute threads, which spin at barriers.
+  return std::clamp(cpus_of_this_rank, 1, 4);
 }
 
 BatchLoader::BatchLoader(const Dataset& dataset, LoaderOptions options)

@@ -121,9 +121,10 @@ class BatchLoader {
 };
 
 // The number of workers "auto" picks: none for data in memory, one for mapped files, and for images
-// to decode this host's cores shared among its ranks (at most 4). A rank that feeds a GPU gets at
-// least one: its thread's time goes to queueing the step's kernels, and gathering a batch there
-// left the GPU waiting (the MNIST CNN at batch 1024 spent 1.4 ms of a 2.9 ms step in `data`).
-int default_workers(ReadCost cost, int ranks_on_host, bool feeds_gpu = false);
+// to decode one per CPU of the rank's share (`cpus_of_this_rank`: the host's cores shared among its
+// ranks, within the process's affinity mask), at most 4. A rank that feeds a GPU gets at least
+// one: its thread's time goes to queueing the step's kernels, and gathering a batch there left the
+// GPU waiting (the MNIST CNN at batch 1024 spent 1.4 ms of a 2.9 ms step in `data`).
+int default_workers(ReadCost cost, int cpus_of_this_rank, bool feeds_gpu = false);
 
 }  // namespace dptrain::data

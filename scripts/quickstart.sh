@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quick start: installs what is missing, builds the `trainer` program alone (Release; no tests, no
 # benchmarks) and trains the MNIST CNN (configs/mnist.json) on 2 ranks with mpirun. DPTRAIN_NP=N
-# picks another number of ranks; extra arguments go to the trainer, e.g.
+# picks another number of ranks, DPTRAIN_DATA_DIR another place for MNIST (as scripts/setup.sh);
+# extra arguments go to the trainer, e.g.
 #   scripts/quickstart.sh --set training.epochs=1
 # The CUDA backend is compiled only where a GPU is usable or the arguments ask for device "cuda"
 # (a build directory configured before keeps its own choice).
@@ -25,6 +26,9 @@ np="${DPTRAIN_NP:-2}"
 launch=(mpirun -np "$np")
 ((EUID == 0)) && launch+=(--allow-run-as-root)               # Open MPI refuses root without it
 ((np > $(nproc))) && launch+=(--oversubscribe)                # more ranks than cores
-echo "== training configs/mnist.json on $np ranks: ${launch[*]} build/trainer --config configs/mnist.json $* =="
-"${launch[@]}" build/trainer --config configs/mnist.json "$@"
+trainer_args=(--config configs/mnist.json)
+[[ -n ${DPTRAIN_DATA_DIR:-} ]] && trainer_args+=(--set "data.dir=\"$DPTRAIN_DATA_DIR\"")
+trainer_args+=("$@")
+echo "== training configs/mnist.json on $np ranks: ${launch[*]} build/trainer ${trainer_args[*]} =="
+"${launch[@]}" build/trainer "${trainer_args[@]}"
 echo "== quick start done in $(($(date +%s) - began)) s =="

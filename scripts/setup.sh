@@ -11,7 +11,8 @@
 # --with-fuzz adds clang, its sanitizer and libFuzzer runtimes and its OpenMP, for scripts/fuzz.sh.
 # --with-slurm adds Slurm (slurmctld, slurmd, slurm-client) and munge, for scripts/slurm_local.sh and
 # its test; the install does not start their services (policy-rc.d): the test cluster is private.
-# DPTRAIN_DATA_DIR puts MNIST somewhere other than <repo>/data/mnist.
+# DPTRAIN_DATA_DIR puts MNIST somewhere other than <repo>/data/mnist (scripts/quickstart.sh and the
+# end-to-end tests read it too; a config of your own needs --set data.dir=... to follow it).
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,7 +28,7 @@ for arg in "$@"; do
     --with-torch) with_torch=1 ;;
     --with-fuzz) with_fuzz=1 ;;
     --with-slurm) with_slurm=1 ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "setup.sh: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done

@@ -4,6 +4,8 @@ set -u
 CASE=$1 TRAINER=$2 SRC=$3 SCRATCH=$4 MPIEXEC=${5:-mpirun}
 # tests/e2e_check.cpp, built beside the trainer: weight, metric and timeline comparisons.
 CHECK=$(dirname "$TRAINER")/tests/e2e_check
+# Real MNIST, where scripts/setup.sh put it.
+MNIST_DIR=${DPTRAIN_DATA_DIR:-$SRC/data/mnist}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMP_NUM_THREADS=1  # with threads = 1 in every run: one core per rank, deterministic kernels
 
@@ -47,8 +49,8 @@ wait_for() {
 }
 
 need_mnist() {
-  if [ ! -e "$SRC/data/mnist/train-images-idx3-ubyte" ] && [ ! -e "$SRC/data/mnist/train-images-idx3-ubyte.gz" ]; then
-    echo "SKIP: $SRC/data/mnist is absent (scripts/setup.sh fetches it)"
+  if [ ! -e "$MNIST_DIR/train-images-idx3-ubyte" ] && [ ! -e "$MNIST_DIR/train-images-idx3-ubyte.gz" ]; then
+    echo "SKIP: $MNIST_DIR is absent (scripts/setup.sh fetches it)"
     exit 77
   fi
 }
@@ -61,7 +63,7 @@ launch() {
   local np=$1 name=$2 config=$3
   shift 3
   local cmd=("$TRAINER" --config "$SRC/configs/$config" --set "output_dir=\"$SCRATCH/${RUN_DIR:-$name}\""
-             --set threads=1 --set "data.dir=\"$SRC/data/mnist\"" "${SMALL_DATA[@]}" "$@")
+             --set threads=1 --set "data.dir=\"$MNIST_DIR\"" "${SMALL_DATA[@]}" "$@")
   if [ "$np" -gt 1 ]; then
     cmd=("$MPIEXEC" -np "$np" --oversubscribe -x DPTRAIN_INJECT_FAULT "${cmd[@]}")
   fi

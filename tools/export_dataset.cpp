@@ -2,6 +2,7 @@
 // generated colour images) as an image folder of PNG or JPEG files, as .npy files or as CIFAR-10
 // records, so that every format can be tried on data that is at hand.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -121,8 +122,9 @@ class GeneratedSource final : public Source {
 std::unique_ptr<Source> open_source(const Options& o, bool train) {
   if (o.from == "synthetic_color") {
     const Shape shape = o.shape.empty() ? Shape{3, 32, 32} : Shape(o.shape.begin(), o.shape.end());
-    return std::make_unique<GeneratedSource>(train ? o.train_samples : o.test_samples, shape, o.classes,
-                                             o.seed + (train ? 0 : 1));
+    int64_t samples = train ? o.train_samples : o.test_samples;
+    if (o.max_samples > 0) samples = std::min(samples, o.max_samples);
+    return std::make_unique<GeneratedSource>(samples, shape, o.classes, o.seed + (train ? 0 : 1));
   }
   const data::DatasetEntry& format = data::dataset_format(o.from);
   auto dataset = format.open({.train = train,

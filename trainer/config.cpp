@@ -234,7 +234,8 @@ void declare_data(SectionBuilder<Config, DataConfig> d) {
   d.field("workers", &D::workers, -1, Range{-1, 64},
           "Threads per rank that read, decode, augment and normalise batches ahead of the step. -1: none "
           "for data in memory (1 on a GPU, whose rank's thread is busy queueing kernels), 1 for mapped files "
-          "(idx, npy, cifar), the host's cores / ranks on it (at most 4) for image_folder; the summary "
+          "(idx, npy, cifar), and for image_folder one per CPU of the rank (as `threads: 0` counts them: "
+          "the host's cores / ranks on it, within the CPUs the rank is bound to; at most 4); the summary "
           "prints the choice.");
   d.field("prefetch", &D::prefetch, 2, Range{1, 64},
           "Batches read ahead of the step; memory per rank is (prefetch + 1) batches, whatever the data "

@@ -90,19 +90,20 @@ data::SlotMemory slot_memory_of(Backend& backend) {
 data::LoaderOptions loader_options(const Config& c, const data::Dataset& dataset,
                                    const distributed::World& world, Device device, bool train) {
   const DataConfig& d = c.data;
-  return {
-      .workers = static_cast<int>(
-          d.workers >= 0 ? d.workers
-                         : data::default_workers(dataset.read_cost(), world.local_size(), !device.is_host())),
-      .prefetch = static_cast<int>(d.prefetch),
-      .mean = per_channel(d.mean),
-      .std = per_channel(d.std),
-      .augmentation = train ? data::Augmentation{.crop_padding = d.augment.random_crop_padding,
-                                                 .horizontal_flip = d.augment.horizontal_flip}
-                            : data::Augmentation{},
-      .seed = c.seed,
-      .skip_bad_samples = d.on_bad_sample == OnBadSample::kSkip,
-      .slot_memory = device.is_host() ? data::SlotMemory{} : slot_memory_of(backend_for(device))};
+  return {.workers = static_cast<int>(
+              d.workers >= 0 ? d.workers
+                             : data::default_workers(dataset.read_cost(),
+                                                     threads_for_this_process(0, world.local_size()),
+                                                     !device.is_host())),
+          .prefetch = static_cast<int>(d.prefetch),
+          .mean = per_channel(d.mean),
+          .std = per_channel(d.std),
+          .augmentation = train ? data::Augmentation{.crop_padding = d.augment.random_crop_padding,
+                                                     .horizontal_flip = d.augment.horizontal_flip}
+                                : data::Augmentation{},
+          .seed = c.seed,
+          .skip_bad_samples = d.on_bad_sample == OnBadSample::kSkip,
+          .slot_memory = device.is_host() ? data::SlotMemory{} : slot_memory_of(backend_for(device))};
 }
 
 std::string describe_loader(const Config& c, const data::BatchLoader& loader) {

@@ -12,8 +12,9 @@
 #   augment_bitwise     random crop + flip with 2 workers: killed mid-epoch and resumed equals a
 #                       straight run byte for byte; deterministic mode np 1 and np 2 byte-identical
 #   bad_data            a truncated PNG, a garbage file, an empty class, a class list changed under a
-#                       resume, a .npy with a bad header and labels out of range: one line each naming
-#                       the file; on_bad_sample "skip" trains on, warning with a count
+#                       resume, a .npy with a bad header and labels out of range (generated images, cut
+#                       by --max-samples): one line each naming the file; on_bad_sample "skip" trains
+#                       on, warning with a count
 source "$(dirname "$0")/../e2e_common.sh"
 EXPORT=$(dirname "$TRAINER")/export_dataset
 
@@ -26,7 +27,7 @@ DATA=(--set data.max_train_samples="$SAMPLES" --set data.max_test_samples=1000 -
 export_mnist() {
   local name=$1 format=$2
   shift 2
-  "$EXPORT" --from mnist --dir "$SRC/data/mnist" --to "$SCRATCH/$name" --format "$format" \
+  "$EXPORT" --from mnist --dir "$MNIST_DIR" --to "$SCRATCH/$name" --format "$format" \
     --max-samples "$SAMPLES" "$@" >"export_$name.out" 2>&1 || { cat "export_$name.out"; fail "export to $format failed"; }
 }
 
@@ -140,7 +141,10 @@ case "$CASE" in
     launch 1 npy_header "${NPY[@]}"
     expect_error npy_header "npy/test_x.npy"
     "$EXPORT" --from synthetic_color --to "$SCRATCH/colors" --format npy --shape 1 28 28 --classes 12 \
-      --train-samples 64 --test-samples 16 >/dev/null || fail "export of generated images failed"
+      --train-samples 64 --test-samples 16 --max-samples 40 >export_colors.out 2>&1 ||
+      fail "export of generated images failed"
+    grep -q 'train_x.npy: 40/40' export_colors.out && grep -q 'test_x.npy: 16/16' export_colors.out ||
+      fail "--max-samples 40 did not keep 40 of 64 generated training images and all 16 test images"
     launch 1 npy_labels mnist_mlp.json --set 'data.dataset="npy"' --set "data.dir=\"$SCRATCH/colors\""
     expect_error npy_labels "colors/train_y.npy" "outside"
     ;;

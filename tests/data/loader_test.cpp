@@ -300,18 +300,21 @@ TEST(BatchLoader, SkipReplacesABadSampleByTheNextGoodOneAndCountsIt) {
   test_util::expect_error([&] { loader.take(); }, {"16 bad samples in a row from index 3", "images/18.png"});
 }
 
-TEST(BatchLoader, DefaultWorkersFollowTheCostOfAReadAndTheCoresPerRank) {
-  EXPECT_EQ(default_workers(ReadCost::kMemory, 1), 0);
-  EXPECT_EQ(default_workers(ReadCost::kFile, 1), 1);
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  EXPECT_EQ(default_workers(ReadCost::kDecode, 1), std::clamp(cores, 1, 4));
-  EXPECT_EQ(default_workers(ReadCost::kDecode, 1000), 1);
+TEST(BatchLoader, DefaultWorkersFollowTheCostOfAReadAndTheCpusOfTheRank) {
+  EXPECT_EQ(default_workers(ReadCost::kMemory, 8), 0);
+  EXPECT_EQ(default_workers(ReadCost::kFile, 8), 1);
+  // Decoding takes a worker per CPU of the rank's share, at least 1 and at most 4.
+  EXPECT_EQ(default_workers(ReadCost::kDecode, 0), 1);
+  EXPECT_EQ(default_workers(ReadCost::kDecode, 1), 1);
+  EXPECT_EQ(default_workers(ReadCost::kDecode, 3), 3);
+  EXPECT_EQ(default_workers(ReadCost::kDecode, 4), 4);
+  EXPECT_EQ(default_workers(ReadCost::kDecode, 64), 4);
   // A rank that feeds a GPU gathers even batches in memory on a worker, off the thread that queues
   // the kernels; the other costs already have one at least.
   EXPECT_EQ(default_workers(ReadCost::kMemory, 1, /*feeds_gpu=*/true), 1);
   EXPECT_EQ(default_workers(ReadCost::kMemory, 8, /*feeds_gpu=*/true), 1);
   EXPECT_EQ(default_workers(ReadCost::kFile, 1, /*feeds_gpu=*/true), 1);
-  EXPECT_EQ(default_workers(ReadCost::kDecode, 1, /*feeds_gpu=*/true), std::clamp(cores, 1, 4));
+  EXPECT_EQ(default_workers(ReadCost::kDecode, 2, /*feeds_gpu=*/true), 2);
 }
 
 }  // namespace

@@ -196,7 +196,7 @@ case "$CASE" in
       start=$(date +%s.%N)
       DPTRAIN_INJECT_FAULT=$r:5 timeout -k 5 10 "$MPIEXEC" -np 2 --oversubscribe -x DPTRAIN_INJECT_FAULT "$TRAINER" \
         --config "$SRC/configs/mnist_mlp.json" --set "output_dir=\"$SCRATCH/fault$r\"" --set threads=1 \
-        --set "data.dir=\"$SRC/data/mnist\"" "${SMALL_DATA[@]}" >fault$r.out 2>fault$r.err
+        --set "data.dir=\"$MNIST_DIR\"" "${SMALL_DATA[@]}" >fault$r.out 2>fault$r.err
       rc=$?
       took=$(since "$start")
       echo "  fault on rank $r: exit $rc after $took s"
@@ -345,7 +345,7 @@ case "$CASE" in
     # Rank 1 is frozen with SIGSTOP once training runs; rank 0 then waits in a collective. With
     # stall_warning_s = 1 and stall_abort_s = 3 it must print "has waited" and end the job non-zero.
     "$MPIEXEC" -np 2 --oversubscribe "$TRAINER" --config "$SRC/configs/mnist_mlp.json" \
-      --set "output_dir=\"$SCRATCH/stall\"" --set threads=1 --set "data.dir=\"$SRC/data/mnist\"" \
+      --set "output_dir=\"$SCRATCH/stall\"" --set threads=1 --set "data.dir=\"$MNIST_DIR\"" \
       --set distributed.stall_warning_s=1 --set distributed.stall_abort_s=3 --set training.epochs=50 \
       --set data.batch_size=32 "${SMALL_DATA[@]}" \
       >stall.out 2>stall.err &

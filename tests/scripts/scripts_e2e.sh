@@ -60,7 +60,7 @@ JSON
     grep -q "largest prediction error" "$SCRATCH/netns/1gbit/model.txt" || fail "no prediction for the throttled link"
     ;;
   compression_netns)
-    [ -d "$SRC/data/mnist" ] || { echo "SKIP: data/mnist is absent"; exit 77; }
+    [ -d "$MNIST_DIR" ] || { echo "SKIP: data/mnist is absent"; exit 77; }
     # One short epoch per mode at 100 Mbit/s, twice: the table of medians, the plot data and the bytes ratio.
     bash "$SRC/scripts/compression_netns.sh" --build "$BUILD" --rates 100mbit --modes "none powersgd:2" --epochs 1 --repeats 2 \
       --target 0.5 --set data.max_train_samples=2048 --set data.max_test_samples=500 \

@@ -45,7 +45,7 @@ export DPTRAIN_TRAINER=$TRAINER
 # The MNIST CNN on 2 ranks, a checkpoint every 20 steps, all kept (with the default keep=3 a job
 # that ran ahead while the test watched another had already pruned the checkpoint it waited for):
 # 128 steps per epoch, 2 epochs (about 4 s here).
-COMMON=(--set threads=1 --set "data.dir=\"$SRC/data/mnist\"" --set data.max_test_samples=500
+COMMON=(--set threads=1 --set "data.dir=\"$MNIST_DIR\"" --set data.max_test_samples=500
         --set data.batch_size=32 --set checkpoint.every_steps=20 --set checkpoint.every_epochs=0
         --set checkpoint.keep=0)
 SHORT=("${COMMON[@]}" --set data.max_train_samples=8192 --set training.epochs=2)

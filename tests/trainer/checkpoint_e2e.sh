@@ -212,7 +212,7 @@ case "$CASE" in
     ckpt=$(newest cnn)
     launch 2 evaluate "${RUN[@]}" --evaluate "$ckpt"
     [ "$RC" -eq 0 ] || fail "trainer --evaluate failed: $(cat evaluate.err)"
-    $PY "$SRC/scripts/checkpoint_to_pytorch.py" "$ckpt" --data-dir "$SRC/data/mnist" --save cnn.pt >torch.out ||
+    $PY "$SRC/scripts/checkpoint_to_pytorch.py" "$ckpt" --data-dir "$MNIST_DIR" --save cnn.pt >torch.out ||
       fail "checkpoint_to_pytorch.py failed"
     sed 's/^/  /' evaluate.out torch.out
     # "(848 of 1000 correct" -> "848 1000"

@@ -43,7 +43,7 @@ start() {
   local np=$1 name=$2 config=$3
   shift 3
   local cmd=("$TRAINER" --config "$SRC/configs/$config" --set "output_dir=\"$SCRATCH/${RUN_DIR:-$name}\""
-             --set threads=1 --set "data.dir=\"$SRC/data/mnist\"" "${SMALL_DATA[@]}" "$@")
+             --set threads=1 --set "data.dir=\"$MNIST_DIR\"" "${SMALL_DATA[@]}" "$@")
   [ "$np" -gt 1 ] && cmd=("$MPIEXEC" -np "$np" --oversubscribe -x DPTRAIN_INJECT_FAULT "${cmd[@]}")
   DPTRAIN_INJECT_FAULT=${DPTRAIN_INJECT_FAULT:-} "${cmd[@]}" >"$name.out" 2>"$name.err" &
   PID=$!
