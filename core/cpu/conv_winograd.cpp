@@ -26,6 +26,7 @@
 #include "core/cpu/conv_winograd.h"
 
 #include <algorithm>
+#include <array>
 #include <type_traits>
 #include <vector>
 
@@ -46,6 +47,7 @@ using simd::thread_scratch;
 enum Slot {
   kKernelRows,
   kKernels,
+  kPackedKernels,
   kPaddedInput,
   kPaddedGradient,
   kInputTiles,
@@ -260,10 +262,24 @@ void transform(const float* const* from, float* const* to, int64_t j, OneD one_d
   for (int64_t k = 0; k < m * m; ++k) store(to[k] + j, y[k]);
 }
 
-// U [positions, in, out] from taps_of(i, k): where tap k of the kernels from input channel i lies, a
-// row over the output channels.
+// product(xi) for the positions, whole GEMMs spread over the threads, each on the thread that
+// takes it. Split by columns instead (the GEMM's own threads), 64 output channels gave a thread at
+// most two blocks, and the forks and joins of 16 small GEMMs a band cost more than the second thread
+// gave: resnet18's 64 channels over 16x16 ran no faster on two threads than on one.
+template <typename F, typename Product>
+void over_positions(Product product) {
+#pragma omp parallel for schedule(static)
+  for (int64_t xi = 0; xi < Tiling<F>::kPositions; ++xi) product(xi);
+}
+
+// U_xi [in, out] for each position xi, packed for the GEMMs (pack_right), from taps_of(i, k): where
+// tap k of the kernels from input channel i lies, a row over the output channels. Packed once here
+// rather than copied by every band's GEMMs: over ResNet-50's 14x14 at 256 channels, U's 4 MiB went
+// from memory into the GEMMs' copies 8 times a call.
+template <typename F>
+using PackedKernels = std::array<PackedRight, Tiling<F>::kPositions>;
 template <typename F, typename TapsOf>
-const float* transformed_kernels(int64_t in, int64_t out, TapsOf taps_of) {
+PackedKernels<F> transformed_kernels(int64_t in, int64_t out, TapsOf taps_of) {
   constexpr int64_t kPositions = Tiling<F>::kPositions;
   float* u = thread_scratch<kKernels>(kPositions * in * out);
 #pragma omp parallel for schedule(static)
@@ -277,7 +293,14 @@ const float* transformed_kernels(int64_t in, int64_t out, TapsOf taps_of) {
                               [](const T* a, int64_t as, T* b, int64_t bs) { F::kernel(a, as, b, bs); });
     });
   }
-  return u;
+  const int64_t packed_floats = packed_right_floats(in, out);
+  float* packed = thread_scratch<kPackedKernels>(kPositions * packed_floats);
+  PackedKernels<F> by_position;
+  over_positions<F>([&](int64_t xi) {
+    by_position[static_cast<std::size_t>(xi)] =
+        pack_right(in, out, {u + xi * in * out, out}, packed + xi * packed_floats);
+  });
+  return by_position;
 }
 
 // The batch in pieces of up to max(kPieceFloats / floats_per_tile, kMinPieceTiles) tiles: groups of
@@ -319,16 +342,6 @@ void over_tiles(const Band& band, F f) {
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < band.count; ++b)
     for (int64_t i = 0; i < band.tiles; ++i) f(b, band.tile0 + i, b * band.tiles + i);
-}
-
-// product(xi) for the positions, whole GEMMs spread over the threads, each on the thread that
-// takes it. Split by columns instead (the GEMM's own threads), 64 output channels gave a thread at
-// most two blocks, and the forks and joins of 16 small GEMMs a band cost more than the second thread
-// gave: resnet18's 64 channels over 16x16 ran no faster on two threads than on one.
-template <typename F, typename Product>
-void over_positions(Product product) {
-#pragma omp parallel for schedule(static)
-  for (int64_t xi = 0; xi < Tiling<F>::kPositions; ++xi) product(xi);
 }
 
 // Samples [first, first + count) of x [batch, channels, P] channels-last into zero-padded planes.
@@ -391,17 +404,17 @@ float* transformed_output_gradients(const Tiling<F>& t, const Band& band, const 
   return z;
 }
 
-// The band's outputs [count, P, out] (in `outputs`, the group's) from V [positions, n, in] and
-// U [positions, in, out].
+// The band's outputs [count, P, out] (in `outputs`, the group's) from V [positions, n, in] and U.
 template <typename F>
 void convolve_band(const Conv2dGeometry& g, const Tiling<F>& t, const Band& band, const float* v,
-                   const float* u, int64_t in, int64_t out, float* outputs) {
+                   const PackedKernels<F>& u, int64_t in, int64_t out, float* outputs) {
   constexpr int64_t kPositions = Tiling<F>::kPositions, kOutputs = F::kOut * F::kOut;
   const int64_t n = band.n(), P = g.pixels();
   float* m = thread_scratch<kProducts>(kPositions * n * out);
   over_positions<F>([&](int64_t xi) {
-    gemm(n, out, in, {v + xi * n * in, in}, {u + xi * in * out, out}, m + xi * n * out, out,
-         /*accumulate=*/false);
+    gemm_packed_right(n, out, in, {v + xi * n * in, in}, u[static_cast<std::size_t>(xi)], m + xi * n * out,
+                      out,
+                      /*accumulate=*/false);
   });
   over_tiles(band, [&](int64_t b, int64_t tile, int64_t index) {
     const float* from[kPositions];
@@ -464,7 +477,8 @@ void forward_by(const Conv2dGeometry& g, const float* x, const float* w,
   float* by_row = thread_scratch<kKernelRows>(K * O);
   simd::transpose</*Add=*/false>(O, K, simd::Rows{[&](int64_t o) { return w + o * K; }},
                                  [&](int64_t k) { return by_row + k * O; });
-  const float* u = transformed_kernels<F>(C, O, [&](int64_t c, int k) { return by_row + (c * 9 + k) * O; });
+  const PackedKernels<F> u =
+      transformed_kernels<F>(C, O, [&](int64_t c, int k) { return by_row + (c * 9 + k) * O; });
   const float* padded = nullptr;
   float* outputs = nullptr;
   over_pieces(
@@ -491,7 +505,7 @@ void backward_by(const Conv2dGeometry& g, const float* x, const float* w, Gradie
   const Tiling<F> t(g);
   constexpr int64_t kPositions = Tiling<F>::kPositions;
   const int64_t C = g.channels, O = g.out_channels, P = g.pixels();
-  const float* u = nullptr;
+  PackedKernels<F> u;
   if (gx) {
     // W's taps apart ([9, O, C]), so that a tap from output channel o is a row over the input
     // channels; the turned kernel's tap k is the kernel's tap 8 - k.

@@ -14,7 +14,8 @@
 // so that each row block's elements sit together (its rows would be a stride apart at every step). A
 // transposed B (the weight gradient's columns^T) is transposed into the block's buffer in kLanes x kLanes
 // blocks in registers. (Both copied element by element, a weight gradient of 256 x 64 over 3136 pixels ran at
-// 112 GFLOP/s; this way, 156.)
+// 112 GFLOP/s; this way, 156.) A B that several products share is copied into its column blocks once,
+// for all of them (pack_right).
 #include "core/cpu/gemm.h"
 
 #include <omp.h>
@@ -189,6 +190,18 @@ void copy_block_of_b(Operand b, ColumnBlock block, int64_t k0, int64_t depth, fl
     std::copy_n(b.data + (k0 + kk) * b.stride + block.j, block.cols, slice + kk * stride);
 }
 
+// Column block `block` of a B packed whole (pack_right): its copy for all of k, as copy_block_of_b would
+// make it, at packed + block * k * kPackets * kLanes; rows from k0 on start k0 * packets * kLanes in.
+int64_t packed_block_floats(int64_t k) {
+  return k * kPackets * kLanes;
+}
+
+// B as given, which the product copies block by block, or packed beforehand (pack_right).
+struct Right {
+  Operand operand;
+  const float* packed = nullptr;
+};
+
 // Products with at least this many rows go row block by row block (multiply_by_rows) ...
 constexpr int64_t kRowwiseMinRows = 64;
 // ... over panels of column blocks whose copies of B take up to half of L2: 1 MiB on the Intel Xeon
@@ -212,11 +225,11 @@ int64_t panel_floats() {
 // alone, 1024^3, 107 -> 143 GFLOP/s (64 x 3136 x 64 97 -> 94, while the convolution 64->64 over
 // 56x56 went 6.3 -> 4.5 forward). Each element of Y sums the same blocks of k in the same order: the
 // same bits.
-void multiply_by_rows(int64_t m, int64_t n, int64_t k, Operand a, const float* packed, Operand b, float* y,
+void multiply_by_rows(int64_t m, int64_t n, int64_t k, Operand a, const float* packed, Right b, float* y,
                       int64_t ldy, bool accumulate) {
   const int64_t first_packed = first_packed_block(m, a);
   const ColumnBlocks blocks(n);
-  const int64_t slice_floats = k * kPackets * kLanes;
+  const int64_t slice_floats = packed_block_floats(k);
   const int64_t panel_blocks = std::max<int64_t>(1, panel_floats() / slice_floats);
 #pragma omp parallel
   {
@@ -225,9 +238,15 @@ void multiply_by_rows(int64_t m, int64_t n, int64_t k, Operand a, const float* p
     const int64_t begin = blocks.count() * thread / threads, end = blocks.count() * (thread + 1) / threads;
     for (int64_t first = begin; first < end; first += panel_blocks) {
       const int64_t last = std::min(end, first + panel_blocks);
-      float* slices = thread_scratch<kPaddedColumns>((last - first) * slice_floats);
-      for (int64_t block = first; block < last; ++block)
-        copy_block_of_b(b, blocks[block], 0, k, slices + (block - first) * slice_floats);
+      const float* slices = nullptr;
+      if (b.packed) {
+        slices = b.packed + first * slice_floats;
+      } else {
+        float* copies = thread_scratch<kPaddedColumns>((last - first) * slice_floats);
+        for (int64_t block = first; block < last; ++block)
+          copy_block_of_b(b.operand, blocks[block], 0, k, copies + (block - first) * slice_floats);
+        slices = copies;
+      }
       for (int64_t i = 0; i < m; i += kRows) {
         const int64_t rows = std::min<int64_t>(kRows, m - i);
         const bool in_place = i / kRows < first_packed;
@@ -267,8 +286,8 @@ NextBlock next_block_of_b(int64_t n, int64_t k, Operand b, int64_t j, int64_t co
 
 // The product, A's row blocks from first_packed_block(m, a) on read from `packed` (pack_left's
 // layout), the others in place.
-void multiply(int64_t m, int64_t n, int64_t k, Operand a, const float* packed, Operand b, float* y,
-              int64_t ldy, bool accumulate) {
+void multiply(int64_t m, int64_t n, int64_t k, Operand a, const float* packed, Right b, float* y, int64_t ldy,
+              bool accumulate) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
     if (!accumulate)
@@ -296,20 +315,27 @@ void multiply(int64_t m, int64_t n, int64_t k, Operand a, const float* packed, O
     for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
       const int64_t depth = std::min(kDepth, k - k0);
       const int64_t slice_stride = packets * kLanes;
-      float* slice = thread_scratch<kPaddedColumns>(depth * slice_stride);
-      copy_block_of_b(b, column_block, k0, depth, slice);
+      const float* slice = nullptr;
+      if (b.packed) {
+        slice = b.packed + block * packed_block_floats(k) + k0 * slice_stride;
+      } else {
+        float* copy = thread_scratch<kPaddedColumns>(depth * slice_stride);
+        copy_block_of_b(b.operand, column_block, k0, depth, copy);
+        slice = copy;
+      }
       const bool add = accumulate || k0 > 0;
       // The block of B that comes next (the next k, else the next columns) is fetched into L2 while
       // this one's row blocks run, a few of its rows after each tile: its rows lie a row of B apart,
       // which the hardware prefetcher does not follow, and with few row blocks of A (m of 64-128)
       // nothing hid the wait for them. ResNet-50's products with m of 64 over 3136-12544 columns took
-      // 8-19% less time on one Zen 3 core, all its products 2%.
-      const NextBlock next = next_block_of_b(n, k, b, j, cols, k0);
+      // 8-19% less time on one Zen 3 core, all its products 2%. A packed B lies in one run, which the
+      // prefetchers follow.
+      const NextBlock next = b.packed ? NextBlock{} : next_block_of_b(n, k, b.operand, j, cols, k0);
       const int64_t rows_per_tile = (next.rows + row_blocks - 1) / row_blocks;
       int64_t next_row = 0;
       for (int64_t i = 0; i < m; i += kRows) {
         for (const int64_t end = std::min(next.rows, next_row + rows_per_tile); next_row < end; ++next_row)
-          prefetch_row</*Write=*/0, /*Keep=*/2>(next.first + next_row * b.stride, next.row_length);
+          prefetch_row</*Write=*/0, /*Keep=*/2>(next.first + next_row * b.operand.stride, next.row_length);
         const int64_t rows = std::min<int64_t>(kRows, m - i);
         const bool in_place = i / kRows < first_packed;
         if (prefetch_left && i + kRows < first_packed * kRows)
@@ -324,16 +350,19 @@ void multiply(int64_t m, int64_t n, int64_t k, Operand a, const float* packed, O
   }
 }
 
+// The row blocks of A that the tiles cannot read in place, packed into the calling thread's buffer.
+const float* packed_blocks_of_left(int64_t m, int64_t n, int64_t k, Operand a) {
+  if (m <= 0 || n <= 0 || k <= 0) return nullptr;
+  const int64_t packed_blocks = (m + kRows - 1) / kRows - first_packed_block(m, a);
+  float* packed = thread_scratch<kPackedLeft>(packed_blocks * kRows * k);
+  pack_left(m, k, a, packed);
+  return packed;
+}
+
 }  // namespace
 
 void gemm(int64_t m, int64_t n, int64_t k, Operand a, Operand b, float* y, int64_t ldy, bool accumulate) {
-  float* packed = nullptr;
-  if (m > 0 && n > 0 && k > 0) {
-    const int64_t packed_blocks = (m + kRows - 1) / kRows - first_packed_block(m, a);
-    packed = thread_scratch<kPackedLeft>(packed_blocks * kRows * k);
-    pack_left(m, k, a, packed);
-  }
-  multiply(m, n, k, a, packed, b, y, ldy, accumulate);
+  multiply(m, n, k, a, packed_blocks_of_left(m, n, k, a), Right{b}, y, ldy, accumulate);
 }
 
 int64_t packed_left_floats(int64_t m, int64_t k) {
@@ -351,7 +380,26 @@ void gemm_packed(int64_t m, int64_t n, int64_t k, PackedLeft a, Operand b, float
                  bool accumulate) {
   DPTRAIN_CHECK(a.packed && a.m == m && a.k == k, "gemm_packed: A was packed as [", a.m, ", ", a.k,
                 "], not [", m, ", ", k, "]");
-  multiply(m, n, k, a.operand, a.packed, b, y, ldy, accumulate);
+  multiply(m, n, k, a.operand, a.packed, Right{b}, y, ldy, accumulate);
+}
+
+int64_t packed_right_floats(int64_t k, int64_t n) {
+  return ColumnBlocks(n).count() * packed_block_floats(k);
+}
+
+PackedRight pack_right(int64_t k, int64_t n, Operand b, float* packed) {
+  const ColumnBlocks blocks(n);
+#pragma omp parallel for schedule(static) if (k * n > 65536)
+  for (int64_t block = 0; block < blocks.count(); ++block)
+    copy_block_of_b(b, blocks[block], 0, k, packed + block * packed_block_floats(k));
+  return {packed, k, n};
+}
+
+void gemm_packed_right(int64_t m, int64_t n, int64_t k, Operand a, PackedRight b, float* y, int64_t ldy,
+                       bool accumulate) {
+  DPTRAIN_CHECK(b.packed && b.k == k && b.n == n, "gemm_packed_right: B was packed as [", b.k, ", ", b.n,
+                "], not [", k, ", ", n, "]");
+  multiply(m, n, k, a, packed_blocks_of_left(m, n, k, a), Right{{}, b.packed}, y, ldy, accumulate);
 }
 
 }  // namespace dptrain::cpu

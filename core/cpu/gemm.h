@@ -42,4 +42,18 @@ PackedLeft pack_transposed_left(int64_t m, int64_t k, Operand a, float* packed);
 void gemm_packed(int64_t m, int64_t n, int64_t k, PackedLeft a, Operand b, float* y, int64_t ldy,
                  bool accumulate);
 
+// A B [k, n] copied once into the column blocks that gemm copies it into on every call, for several
+// products by it: U in every band of a Winograd convolution was copied again band after band.
+struct PackedRight {
+  const float* packed = nullptr;
+  int64_t k = 0, n = 0;  // its shape, which gemm_packed_right checks
+};
+// Floats that the packing of a B [k, n] takes.
+int64_t packed_right_floats(int64_t k, int64_t n);
+// Packs b into `packed`, packed_right_floats(k, n) of them, which must outlive the result.
+PackedRight pack_right(int64_t k, int64_t n, Operand b, float* packed);
+// gemm with B packed beforehand (for the same k and n): the same bits.
+void gemm_packed_right(int64_t m, int64_t n, int64_t k, Operand a, PackedRight b, float* y, int64_t ldy,
+                       bool accumulate);
+
 }  // namespace dptrain::cpu
