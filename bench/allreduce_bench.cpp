@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/cli_checks.h"
 #include "core/error.h"
 #include "core/parameters.h"
 #include "distributed/mpi_communicator.h"
@@ -68,10 +69,18 @@ struct Row {
 int main(int argc, char** argv) {
   CLI::App app{"gradient reduction vs raw MPI_Allreduce"};
   double min_kib = 4, max_mib = 64, seconds = 0.3, fusion_mb = 4;
-  app.add_option("--min-kib", min_kib, "smallest synthetic size");
-  app.add_option("--max-mib", max_mib, "largest synthetic size");
-  app.add_option("--seconds", seconds, "time per cell");
-  app.add_option("--fusion-mb", fusion_mb, "distributed.fusion_threshold_mb for our reducer");
+  app.add_option("--min-kib", min_kib, "smallest synthetic size")
+      ->check(bench::at_least(0, true))
+      ->capture_default_str();
+  app.add_option("--max-mib", max_mib, "largest synthetic size")
+      ->check(bench::at_least(0, true))
+      ->capture_default_str();
+  app.add_option("--seconds", seconds, "time per cell")
+      ->check(bench::at_least(0, true))
+      ->capture_default_str();
+  app.add_option("--fusion-mb", fusion_mb, "distributed.fusion_threshold_mb for our reducer")
+      ->check(bench::at_least(0))
+      ->capture_default_str();
   bool shared_memory = true;
   app.add_option("--shared-memory", shared_memory, "distributed.shared_memory for our reducer");
   CLI11_PARSE(app, argc, argv);
@@ -90,8 +99,14 @@ int main(int argc, char** argv) {
     rows.push_back({"synthetic", {static_cast<int64_t>(bytes / 4)}});
 
   if (world.is_root()) {
+    if (world.size() == 1)
+      std::fprintf(stderr,
+                   "allreduce_bench: warning: one rank, so nothing crosses between processes and the times "
+                   "are copies; run it under mpirun -np 2 or more\n");
     std::printf(
-        "np %d, fusion threshold %g MiB, ours %s; times are per reduction (max over ranks), median of 9\n",
+        "np %d, fusion threshold %g MiB, ours %s; times are per reduction (max over ranks), median of 9;\n"
+        "ratio = raw us / ours us (above 1: ours faster); fp16/32, bf16/32 = that encoding's time / "
+        "fp32's (below 1: it saves time)\n",
         world.size(), fusion_mb,
         shared_memory ? "in shared memory where the ranks share a host" : "through MPI");
     std::printf("%-10s %12s %10s %10s %10s %9s %13s %10s %9s %8s\n", "what", "bytes", "raw us", "raw GB/s",

@@ -8,6 +8,10 @@
 #
 # CONFIGs default to configs/mnist.json and configs/mnist_mlp.json (one thread, their batch of 128).
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+  sed -n '2,/^set -/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'
+  exit 0
+fi
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 runs=5 steps=100 core=1
 while [[ $# -gt 0 && "$1" == --* ]]; do
@@ -34,6 +38,7 @@ measure() {
 }
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPU(s) for this process"
 printf '%-22s %-40s %s\n' config "A: $a" "B: $b"
 for config in "${configs[@]}"; do
   list_a="" list_b=""

@@ -9,6 +9,10 @@
 #
 #   bench/cpu_acceptance.sh [build-dir] [rounds]      (defaults: build, 3; about 15 minutes)
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+  sed -n '2,/^set -/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'
+  exit 0
+fi
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$repo_root/build}"
 rounds="${2:-3}"

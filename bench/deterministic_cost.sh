@@ -8,6 +8,10 @@
 #
 #   bench/deterministic_cost.sh [--runs 3] [--steps 40] [--configs "mnist.json mnist_mlp.json"] [BUILD]
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+  sed -n '2,/^set -/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'
+  exit 0
+fi
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 runs=3 steps=40 configs="mnist.json mnist_mlp.json"
 while [[ $# -gt 0 && "$1" == --* ]]; do
@@ -35,6 +39,7 @@ measure() {
 }
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPU(s) for this process"
 printf '%-16s %-3s %-7s %10s %12s %12s %9s %9s\n' config np threads off "on, micro 32" "on, 128" "32/off" "128/off"
 for config in $configs; do
   for setting in "1 1" "1 2" "2 1"; do

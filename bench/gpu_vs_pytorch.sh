@@ -8,6 +8,10 @@
 #
 #   bench/gpu_vs_pytorch.sh [--bin DIR] [--data DIR] [--steps N] [--reps N] [--no-epochs]
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+  sed -n '2,/^set -/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'
+  exit 0
+fi
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="$repo_root/build" data="$repo_root/data/mnist" steps=200 reps=5 epochs=1
 while (($#)); do

@@ -11,11 +11,17 @@
 #
 #   bench/scaling_vs_ddp.sh [build-dir] [model: cnn|mlp] [pairs (default 5)]
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+  sed -n '2,/^set -/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'
+  exit 0
+fi
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="${1:-$repo_root/build}"
+build="$(realpath -m "${1:-$repo_root/build}")"
 model="${2:-cnn}"
 pairs="${3:-5}"
+[[ $model == cnn || $model == mlp ]] || { echo "scaling_vs_ddp: the model is cnn or mlp, not '$model'" >&2; exit 2; }
 [[ $pairs =~ ^[1-9][0-9]*$ ]] || { echo "scaling_vs_ddp: pairs must be a positive integer, got '$pairs'" >&2; exit 2; }
+cd "$repo_root"  # the configs' data.dir, data/mnist, is relative to the repository
 anchors="$repo_root/../shared/anchors"
 bench="$build/bench/train_bench"
 [[ -x "$bench" ]] || { echo "scaling_vs_ddp: $bench not built" >&2; exit 1; }
@@ -25,6 +31,7 @@ config="$repo_root/configs/mnist.json"; steps=60
 args=(--config "$config" --threads 1 --steps "$steps" --reps 5)
 result() { sed -n 's/^RESULT //p' | /usr/bin/python3 -c 'import json,sys; r=json.load(sys.stdin); v=r.get("samples_per_sec", r.get("samples_per_s", r.get("global_samples_per_s"))); print(v["median"] if isinstance(v, dict) else v)'; }
 
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPU(s) for this process"
 t1=$(taskset -c 0 "$bench" "${args[@]}" | result)
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 t2s=() ceilings=()

@@ -8,6 +8,10 @@
 #
 #   bench/shard_optimizer.sh [--runs 3] [--steps 12] [--np 2] [--batch 16] [BUILD]
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+  sed -n '2,/^set -/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'
+  exit 0
+fi
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 runs=3 steps=12 np=2 batch=16
 while [[ $# -gt 0 && "$1" == --* ]]; do

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/cli_checks.h"
 #include "bench/op_profile.h"
 #include "core/backend.h"
 #include "core/error.h"
@@ -63,9 +64,15 @@ int main(int argc, char** argv) {
   app.add_option("--input-shape", input_shape, "C,H,W of the random images")->capture_default_str();
   app.add_option("--num-classes", classes, "outputs of the model (labels are random in [0, classes))")
       ->capture_default_str();
-  app.add_option("--num-warmup-batches", warmup, "batches before timing")->capture_default_str();
-  app.add_option("--num-batches-per-iter", per_iter, "batches per timed iteration")->capture_default_str();
-  app.add_option("--num-iters", iters, "timed iterations")->capture_default_str();
+  app.add_option("--num-warmup-batches", warmup, "batches before timing")
+      ->check(bench::at_least(0))
+      ->capture_default_str();
+  app.add_option("--num-batches-per-iter", per_iter, "batches per timed iteration")
+      ->check(bench::at_least(1))
+      ->capture_default_str();
+  app.add_option("--num-iters", iters, "timed iterations (the median one is img_per_sec_median)")
+      ->check(bench::at_least(1))
+      ->capture_default_str();
   app.add_option("--threads", threads, "CPU threads per rank (0: cores / ranks on this host)")
       ->capture_default_str();
   app.add_option("--device", device, "cpu | cuda | auto")->capture_default_str();
@@ -139,8 +146,6 @@ int main(int argc, char** argv) {
       std::printf("Img/sec per %s: %.1f +-%.1f\n", unit, mean, spread);
       std::printf("Total img/sec on %d %s(s): %.1f +-%.1f\n", world.size(), unit, world.size() * mean,
                   world.size() * spread);
-      std::vector<double> sorted = per_rank;
-      std::sort(sorted.begin(), sorted.end());
       Json result = {{"bench", "synthetic"},
                      {"model", model},
                      {"batch", batch},
@@ -151,7 +156,7 @@ int main(int argc, char** argv) {
                      {"parameters", r.parameters},
                      {"img_per_sec", per_rank},
                      {"img_per_sec_mean", mean},
-                     {"img_per_sec_median", sorted[sorted.size() / 2]},
+                     {"img_per_sec_median", trainer::median(per_rank)},
                      {"total_img_per_sec", world.size() * mean},
                      {"step_ms",
                       {{"data", 1e3 * r.step_times.data},

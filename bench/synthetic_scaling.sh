@@ -21,7 +21,11 @@
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="$repo_root/build" model=resnet18 shape=3,64,64 batch=32 pairs=5 versus=
-while [[ $# -gt 0 ]]; do
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h | --help) ;;
+    -*) [ $# -ge 2 ] || { echo "synthetic_scaling: $1 needs a value (--help lists the options)" >&2; exit 2; } ;;
+  esac
   case "$1" in
     --build) build=$2 ;;
     --model) model=$2 ;;
@@ -49,6 +53,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 ratios=() bounds=() works=() waits=() versus_ratios=() gains=()
 [[ -z $versus ]] || echo "versus: np 2 with --set $versus, in the same pairs"
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPU(s) for this process"
 printf '%-5s %12s %12s %7s %9s %9s %7s %6s %7s' pair "np 2 img/s" ceiling ratio "core 0" "core 1" bound work waited
 [[ -z $versus ]] || printf ' %13s %7s' "versus img/s" ratio
 printf '\n'

@@ -17,6 +17,10 @@
 #
 # Needs /usr/bin/python3 with torch and torchvision (scripts/setup.sh --with-torch).
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+  sed -n '2,/^set -/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'
+  exit 0
+fi
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=bench/tuned_malloc.sh
 source "$repo_root/bench/tuned_malloc.sh"
@@ -46,6 +50,7 @@ median() { /usr/bin/python3 -c 'import statistics,sys; print(statistics.median(f
 result() { sed -n 's/^RESULT //p' | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["img_per_sec_median"])'; }
 
 [[ $isa == native ]] || echo "both at AVX2: our kernels built for it, PyTorch's capped (${torch_isa[*]})"
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPU(s) for this process"
 printf '%-9s %-10s %6s %14s %14s %14s %7s\n' model input batch "ours img/s" "torch img/s" "torch tuned" ratio
 # resnet50 is short (1 warm-up, 2 x 2 timed batches): a PyTorch step takes about 35 s on one thread here.
 for case in "resnet18 3,64,64 32 2 5 5" "resnet50 3,224,224 16 1 2 2"; do

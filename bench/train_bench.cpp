@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/cli_checks.h"
 #include "bench/op_profile.h"
 #include "core/error.h"
 #include "distributed/world.h"
@@ -31,11 +32,21 @@ int main(int argc, char** argv) {
   app.add_option("--config", config_path, "config whose model, data, batch and distributed settings are used")
       ->required();
   app.add_option("--set", overrides, "config override key.path=JSON (repeatable)")->take_all()->expected(1);
-  app.add_option("--threads", threads, "CPU threads per rank (0: cores / ranks on this host)");
-  app.add_option("--batch", batch, "batch size per rank (default: the config's)");
-  app.add_option("--steps", options.timed_steps, "steps per timed repetition");
-  app.add_option("--reps", options.repetitions, "timed repetitions");
-  app.add_option("--warmup", options.warmup_steps, "untimed steps first");
+  app.add_option("--threads", threads, "CPU threads per rank (0: cores / ranks on this host)")
+      ->check(bench::at_least(0))
+      ->capture_default_str();
+  app.add_option("--batch", batch, "batch size per rank (0: the config's data.batch_size)")
+      ->check(bench::at_least(0))
+      ->capture_default_str();
+  app.add_option("--steps", options.timed_steps, "steps per timed repetition")
+      ->check(bench::at_least(1))
+      ->capture_default_str();
+  app.add_option("--reps", options.repetitions, "timed repetitions (the median one counts)")
+      ->check(bench::at_least(1))
+      ->capture_default_str();
+  app.add_option("--warmup", options.warmup_steps, "untimed steps first")
+      ->check(bench::at_least(0))
+      ->capture_default_str();
   bool profile_ops = false;
   app.add_flag("--profile-ops", profile_ops,
                "time every kernel of the timed steps and print where the time goes (rank 0; on a GPU the "

@@ -27,13 +27,16 @@ while [ $# -gt 0 ]; do
     --models) models=$2 ;;
     --conditions) conditions=$2 ;;
     --out) out=$2 ;;
-    -h | --help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,/^set -/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "train_vs_pytorch: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift 2
 done
 for condition in $conditions; do
   [[ $condition == idle || $condition == loaded ]] || { echo "train_vs_pytorch: unknown condition '$condition' (idle, loaded)" >&2; exit 2; }
+done
+for model in $models; do
+  [[ $model == cnn || $model == mlp ]] || { echo "train_vs_pytorch: unknown model '$model' (cnn, mlp)" >&2; exit 2; }
 done
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "train_vs_pytorch: --rounds must be a positive integer" >&2; exit 2; }
 anchors="$repo_root/../shared/anchors"
@@ -42,6 +45,7 @@ for program in "$bench" "$probe"; do
   [[ -x "$program" ]] || { echo "train_vs_pytorch: $program not built (cmake --build $build)" >&2; exit 1; }
 done
 mkdir -p "$out"
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPU(s) for this process"
 last_core=$(($(nproc) - 1))
 [[ $conditions != *loaded* || $last_core -gt 0 ]] || { echo "train_vs_pytorch: 'loaded' needs a second core" >&2; exit 1; }
 

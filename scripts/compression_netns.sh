@@ -19,13 +19,18 @@
 # the powersgd runs only (the key is an error without that compression), any other --set every run.
 # --summarize-only rebuilds results.tsv, table.md and the plot from the runs already in --out.
 # Needs root (ip netns, tc), except with --summarize-only; exits 77 with the reason when namespaces
-# cannot be made.
+# cannot be made. Relative paths are taken from the current directory; the config's data.dir
+# from there where it exists, else from the repository (MNIST: where scripts/setup.sh put it).
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 rates="100mbit 1gbit" modes="none fp16 powersgd:1 powersgd:2 powersgd:4" epochs=5 target=0.985 repeats=1
 config=configs/mnist.json out=runs/compression build=build summarize_only=0
 sets=()
 while [ $# -gt 0 ]; do
+  case "$1" in
+    -h | --help) ;;
+    -*) [ $# -ge 2 ] || { echo "compression_netns.sh: $1 needs a value (--help lists the options)" >&2; exit 2; } ;;
+  esac
   case "$1" in
     --rates) rates=$2 ;;
     --modes) modes=$2 ;;
@@ -37,12 +42,18 @@ while [ $# -gt 0 ]; do
     --build) build=$2 ;;
     --set) sets+=(--set "$2") ;;
     --summarize-only) summarize_only=1; shift; continue ;;
-    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,/^set -/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "compression_netns.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
   esac
   shift 2
 done
 [[ $repeats =~ ^[1-9][0-9]*$ ]] || { echo "compression_netns.sh: --repeats must be a positive integer, got '$repeats'" >&2; exit 2; }
+# The user's relative paths, from where the script was started; the defaults, from the repository.
+absolute() { [[ $1 == /* ]] && echo "$1" || echo "$PWD/$1"; }
+[[ $config == configs/mnist.json ]] || config=$(absolute "$config")
+[[ $out == runs/compression ]] || out=$(absolute "$out")
+[[ $build == build ]] || build=$(absolute "$build")
+start_dir=$PWD
 cd "$repo_root"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -76,6 +87,8 @@ summarize() {
 
 header='rate\tmode\trepeat\tbytes_per_step\tsamples_per_sec\tcompute_ms\tcommunication_ms\tfinal_accuracy\tseconds_to_target\tepoch_to_target\ttotal_seconds\n'
 if [ "$summarize_only" = 1 ]; then
+  # Into a new file first: a --rates or --modes that names a run not in --out stops here (set -e)
+  # and leaves the results.tsv that was there.
   {
     printf "$header"
     for ((repeat = 1; repeat <= repeats; repeat++)); do
@@ -83,13 +96,41 @@ if [ "$summarize_only" = 1 ]; then
         for mode in $modes; do summarize "$rate" "$mode" "$repeat"; done
       done
     done
-  } >"$out/results.tsv"
+  } >"$out/results.tsv.new"
+  mv "$out/results.tsv.new" "$out/results.tsv"
 else
  build=$(cd "$build" && pwd)  # the daemons in the namespaces start from another directory
  config=$(realpath "$config")
  [ -x "$build/trainer" ] || { echo "compression_netns.sh: $build/trainer is not built" >&2; exit 1; }
+ # The config's data.dir made absolute (the daemons start elsewhere): from the directory the script
+ # was started in, else from the repository's; MNIST's default where scripts/setup.sh put it. A
+ # --set data.dir=... comes later and wins.
+ data_dir=$("$build/trainer" --config "$config" --print-config |
+   awk '/^  "data": \{/ { d = 1; next } d && /^  \}/ { d = 0 } d && /^    "dir": / { print; exit }' |
+   sed 's/^    "dir": "\(.*\)",\{0,1\}$/\1/')
+ [[ $data_dir == data/mnist && -n ${DPTRAIN_DATA_DIR:-} ]] && data_dir=$DPTRAIN_DATA_DIR
+ # mode_args MODE: the trainer's --set arguments for a mode, with the --set's that reach it.
+ mode_args() {
+   local mode=$1 i
+   args=(--set "distributed.compression=\"${mode%%:*}\"")
+   for ((i = 1; i < ${#sets[@]}; i += 2)); do
+     [[ $mode != powersgd:* && ${sets[i]} == distributed.powersgd.* ]] || args+=(--set "${sets[i]}")
+   done
+   [[ $mode == powersgd:* ]] && args+=(--set "distributed.powersgd.rank=${mode#*:}")
+   return 0
+ }
+ # Every mode's config checked before the first run, so that a typo does not wait for the others.
+ for mode in $modes; do
+   mode_args "$mode"
+   check=$("$build/trainer" --config "$config" "${args[@]}" --print-config 2>&1 >/dev/null) ||
+     { check=${check#dptrain: error on rank 0: }; echo "compression_netns.sh: mode $mode: ${check#dptrain: error: }" >&2; exit 2; }
+ done
+ if [[ $data_dir != /* ]]; then
+   if [[ -e $start_dir/$data_dir ]]; then data_dir=$start_dir/$data_dir; else data_dir=$repo_root/$data_dir; fi
+ fi
  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
  source "$repo_root/scripts/netns_link.sh"
+ for rate in $rates; do check_rate "$rate"; done
  printf "$header" >"$out/results.tsv"
  for ((repeat = 1; repeat <= repeats; repeat++)); do
  for rate in $rates; do
@@ -99,13 +140,9 @@ else
     run=$(run_dir "$rate" "$mode" "$repeat")
     rm -rf "$run"
     mkdir -p "$run"
-    args=(--set "distributed.compression=\"${mode%%:*}\"")
-    for ((i = 1; i < ${#sets[@]}; i += 2)); do
-      [[ $mode != powersgd:* && ${sets[i]} == distributed.powersgd.* ]] || args+=(--set "${sets[i]}")
-    done
-    [[ $mode == powersgd:* ]] && args+=(--set "distributed.powersgd.rank=${mode#*:}")
+    mode_args "$mode"
     mpi "$run/train.log" "$build/trainer" --config "$config" --set "output_dir=\"$run\"" --set threads=1 \
-      --set "data.dir=\"$repo_root/data/mnist\"" --set "training.epochs=$epochs" --set training.progress=lines \
+      --set "data.dir=\"$data_dir\"" --set "training.epochs=$epochs" --set training.progress=lines \
       --set checkpoint.every_epochs=0 "${args[@]}"
     summarize "$rate" "$mode" "$repeat" | tee -a "$out/results.tsv" | awk -F'\t' '{
       printf "  %-11s %8.0f B/step  %6.0f samples/s  step %.1f ms compute + %.1f ms communication  final %.2f%%  to target: %s\n",
@@ -160,7 +197,7 @@ if command -v gnuplot >/dev/null; then
   {
     echo "set terminal pngcairo size $((560 * panels)),420 font ',10'"
     echo "set output '$out/time_to_accuracy.png'"
-    echo "set multiplot layout 1,$panels title 'MNIST CNN, 2 ranks across network namespaces: test accuracy against training time'"
+    echo "set multiplot layout 1,$panels title '$(basename "$config" .json), 2 ranks across network namespaces: test accuracy against training time'"
     echo "set xlabel 'training time (s, evaluations excluded)'; set ylabel 'test accuracy (%)'; set grid; set key bottom right"
     echo "set arrow from graph 0, first $(awk -v t="$target" 'BEGIN { print 100 * t }') to graph 1, first $(awk -v t="$target" 'BEGIN { print 100 * t }') nohead dt 2"
     for rate in $rates; do
@@ -178,4 +215,6 @@ if command -v gnuplot >/dev/null; then
     echo "unset multiplot"
   } | gnuplot
   echo "plot: $out/time_to_accuracy.png"
+else
+  echo "no plot: gnuplot is missing (apt-get install gnuplot-nox, or scripts/setup.sh)"
 fi

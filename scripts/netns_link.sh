@@ -2,7 +2,8 @@
 # namespaces joined by veth pairs through a bridge, Open MPI over TCP between them, and a tbf
 # throttle per namespace. Expects $out (a directory for the launch agent). Defines MPI (the mpirun
 # command line for 2 ranks across the namespaces), mpi OUTPUT CMD... (one retry) and throttle RATE;
-# exits 77 with the reason when namespaces cannot be made, and removes them on exit.
+# exits 77 with the reason when namespaces cannot be made, and removes them (and the daemons' session
+# directories and the agent) on exit.
 skip() {
   echo "SKIP: $*"
   exit 77
@@ -19,6 +20,7 @@ cleanup() {
     ip link del "v$ns" 2>/dev/null || true
   done
   ip link del "$BRIDGE" 2>/dev/null || true
+  rm -rf "/tmp/dptrain-netns-${NS[0]}" "/tmp/dptrain-netns-${NS[1]}" "$out/netns-agent.sh"
 }
 trap cleanup EXIT
 cleanup
@@ -76,10 +78,18 @@ mpi() {
   "${MPI[@]}" "$@" >"$output" 2>&1 || { cat "$output"; return 1; }
 }
 
+# check_rate RATE: a number and kbit, mbit or gbit (tc's units, which the model's conversions read),
+# else exit 2 with one line.
+check_rate() {
+  [[ $1 =~ ^[0-9]+(\.[0-9]+)?(kbit|mbit|gbit)$ ]] ||
+    { echo "netns: link rate '$1': give a number and kbit, mbit or gbit (100mbit, 1gbit)" >&2; exit 2; }
+}
+
 # throttle RATE ("100mbit", "1gbit"): both namespaces' egress limited to RATE.
 # Sets burst (bytes), which callers print.
 throttle() {
   local rate=$1 bits
+  check_rate "$rate"
   # Burst: 10 ms at the rate (tbf needs at least rate / HZ; with a larger fixed burst, messages below
   # it would pass at full speed and the link would not behave like a link of that rate).
   bits=$(awk -v r="$rate" 'BEGIN { v = r + 0; print (r ~ /gbit/) ? v * 1e9 : (r ~ /mbit/) ? v * 1e6 : v * 1e3 }')

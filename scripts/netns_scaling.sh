@@ -16,13 +16,17 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 rates="1gbit 100mbit" config=configs/mnist.json steps=20 out=runs/netns build=build allreduce_seconds=0.5
 while [ $# -gt 0 ]; do
   case "$1" in
+    -h | --help) ;;
+    -*) [ $# -ge 2 ] || { echo "netns_scaling.sh: $1 needs a value (--help lists the options)" >&2; exit 2; } ;;
+  esac
+  case "$1" in
     --rates) rates=$2 ;;
     --config) config=$2 ;;
     --steps) steps=$2 ;;
     --out) out=$2 ;;
     --build) build=$2 ;;
     --allreduce-seconds) allreduce_seconds=$2 ;;
-    -h | --help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,/^set -/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "netns_scaling.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
   shift 2
@@ -35,6 +39,7 @@ config=$(realpath "$config")
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 source "$repo_root/scripts/netns_link.sh"
+for rate in $rates; do check_rate "$rate"; done
 
 echo "1-rank baseline (no network):"
 "$build/bench/train_bench" --config "$config" --threads 1 --warmup 5 --steps "$steps" --reps 2 >"$out/np1.txt"
@@ -50,6 +55,6 @@ for rate in $rates; do
   grep -E "median|^per step" "$dir/np2.txt" | sed 's/^/  /'
   grep -h '^RESULT' "$out/np1.txt" "$dir/np2.txt" >"$dir/results.jsonl"
   "$build/bench/scaling_model" --results "$dir/results.jsonl" --allreduce "$dir/allreduce.txt" \
-    --label "netns, $rate" --link-gbit "$(awk -v r="$rate" 'BEGIN { v = r + 0; print (r ~ /gbit/) ? v : v / 1000 }')" \
+    --label "netns, $rate" --link-gbit "$(awk -v r="$rate" 'BEGIN { v = r + 0; print (r ~ /gbit/) ? v : (r ~ /mbit/) ? v / 1e3 : v / 1e6 }')" \
     | tee "$dir/model.txt" | sed -n '1,/^largest/p' | sed 's/^/  /'
 done

@@ -16,6 +16,7 @@ title="dptrain training curves"
 runs=()
 while (($#)); do
   case "$1" in
+    -o | --title) [ $# -ge 2 ] || { echo "plot_metrics.sh: $1 needs a value (try --help)" >&2; exit 2; } ;;&
     -o) out="$2"; shift 2 ;;
     --title) title="$2"; shift 2 ;;
     -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;

@@ -6,17 +6,40 @@
 #   scripts/scaling.sh [--config configs/mnist.json] [--max-ranks 4] [--compression "none fp16"]
 #                      [--fusion "0 4"] [--warmup 10] [--steps 30] [--reps 3] [--threads 1]
 #                      [--out runs/scaling] [--build build] [--mpirun-args "..."] [--label NAME]
-#                      [--link-gbit 25] [--link-latency-us 5]
+#                      [--link-gbit 25] [--link-latency-us 5] [--set KEY=VALUE ...]
 #
-# Writes OUT/scaling.csv, OUT/throughput.png, OUT/efficiency.png (gnuplot), OUT/allreduce.txt (the
-# latency/bandwidth measurement at 2 ranks) and OUT/model.txt. Efficiency at N ranks is
-# (samples/s at N) / (N x samples/s at 1 rank), per-rank batch fixed (weak scaling). Beyond this
-# machine's cores the ranks share cores; the sweep says so and the CSV marks those rows.
+#   --config           the config whose training step is timed (per-rank batch: its data.batch_size)
+#   --max-ranks        ranks 1, 2, 4, ... up to this
+#   --compression      distributed.compression values, each a variant at every np > 1 (none, fp16,
+#                      bf16, fp64, powersgd; PowerSGD starts at step 0 here, so that the timed steps
+#                      compress)
+#   --fusion           distributed.fusion_threshold_mb values (MiB; 0: one bucket per tensor)
+#   --warmup, --steps, --reps   untimed steps, then timed steps per repetition, and repetitions
+#                      (the median repetition counts)
+#   --threads          threads per rank
+#   --out              output folder; --build the build folder with bench/ in it
+#   --mpirun-args      extra mpirun arguments, e.g. "--mca btl_tcp_if_include eth0"
+#   --label            a name for this sweep in the plots' titles and model.txt
+#   --link-gbit, --link-latency-us   the network the model extrapolates ResNet-50 to
+#   --set KEY=VALUE    a config override for every run (repeatable)
+# Relative paths are taken from the current directory.
+#
+# Writes OUT/scaling.csv, OUT/throughput.png and OUT/efficiency.png (when gnuplot is installed),
+# OUT/allreduce.txt (the latency/bandwidth measurement at 2 ranks), OUT/model.txt (the machine, the
+# alpha-beta model's fit and its prediction against each run) and OUT/results.jsonl (train_bench's
+# RESULT lines). Efficiency at N ranks is (samples/s at N) / (N x samples/s at 1 rank), per-rank batch
+# fixed (weak scaling). Beyond this machine's cores the ranks share cores; the sweep says so and the
+# CSV marks those rows.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 config=configs/mnist.json max_ranks=4 compressions="none fp16" fusions="0 4" warmup=10 steps=30 reps=3
 threads=1 out=runs/scaling build=build mpirun_args="" label="" link_gbit=25 link_latency_us=5
+overrides=()
 while [ $# -gt 0 ]; do
+  case "$1" in
+    -h | --help) sed -n '2,/^set -/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) [ $# -ge 2 ] || { echo "scaling.sh: $1 needs a value (--help lists the options)" >&2; exit 2; } ;;
+  esac
   case "$1" in
     --config) config=$2 ;;
     --max-ranks) max_ranks=$2 ;;
@@ -32,17 +55,33 @@ while [ $# -gt 0 ]; do
     --label) label=$2 ;;
     --link-gbit) link_gbit=$2 ;;
     --link-latency-us) link_latency_us=$2 ;;
-    -h | --help) sed -n '2,15p' "$0"; exit 0 ;;
+    --set) overrides+=(--set "$2") ;;
     *) echo "scaling.sh: unknown option '$1' (--help lists them)" >&2; exit 2 ;;
   esac
   shift 2
 done
+# The user's relative paths, from where the script was started; the defaults, from the repository.
+absolute() { [[ $1 == /* ]] && echo "$1" || echo "$PWD/$1"; }
+[[ $config == configs/mnist.json ]] || config=$(absolute "$config")
+[[ $out == runs/scaling ]] || out=$(absolute "$out")
+[[ $build == build ]] || build=$(absolute "$build")
 cd "$repo_root"
 bench=$build/bench/train_bench
 for program in "$bench" "$build/bench/allreduce_bench" "$build/bench/scaling_model"; do
   [ -x "$program" ] || { echo "scaling.sh: $program is not built (scripts/build.sh)" >&2; exit 1; }
 done
-command -v gnuplot >/dev/null || { echo "scaling.sh: gnuplot is missing (apt-get install gnuplot-nox, or scripts/setup.sh --with-plots)" >&2; exit 1; }
+plots=1
+command -v gnuplot >/dev/null || {
+  echo "scaling.sh: gnuplot is missing, so no plots (apt-get install gnuplot-nox, or scripts/setup.sh)" >&2; plots=0; }
+[ -x "$build/trainer" ] || { echo "scaling.sh: $build/trainer is not built (scripts/build.sh)" >&2; exit 1; }
+# Every variant's config checked before the first run, so that a typo does not wait for the sweep.
+for c in $compressions; do
+  for f in $fusions; do
+    check=$("$build/trainer" --config "$config" "${overrides[@]}" --set "distributed.compression=\"$c\"" \
+      --set distributed.fusion_threshold_mb="$f" --print-config 2>&1 >/dev/null) ||
+      { check=${check#dptrain: error on rank 0: }; echo "scaling.sh: compression $c, fusion $f: ${check#dptrain: error: }" >&2; exit 2; }
+  done
+done
 [ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mkdir -p "$out"
 cores=$(nproc)
@@ -60,20 +99,24 @@ run() {
   fi
   local line
   line=$("${launcher[@]}" "$bench" --config "$config" --threads "$threads" --warmup "$warmup" --steps "$steps" \
-         --reps "$reps" "$@" | sed -n 's/^RESULT //p')
+         --reps "$reps" "${overrides[@]}" "$@" | sed -n 's/^RESULT //p')
   [ -n "$line" ] || { echo "scaling.sh: train_bench printed no result (np $np $*)" >&2; exit 1; }
   echo "$line" >>"$results"
   printf '  np %-3s %-40s %10.0f samples/s\n' "$np" "$*" "$(echo "$line" | sed 's/.*"samples_per_sec":\([0-9.]*\).*/\1/')"
 }
 
-echo "scaling sweep of $config: ranks 1..$max_ranks, compression {$compressions}, fusion {$fusions} MiB, $threads thread(s) per rank, $cores core(s) here"
+machine="$(lscpu | sed -n 's/^Model name: *//p' | head -1), $cores core(s)"
+echo "scaling sweep of $config: ranks 1..$max_ranks, compression {$compressions}, fusion {$fusions} MiB, $threads thread(s) per rank; $machine"
 run 1
 np=2
 while [ "$np" -le "$max_ranks" ]; do
   [ "$np" -gt "$cores" ] && echo "  (np $np > $cores cores: oversubscribed, ranks share cores; efficiency then includes that)"
   for c in $compressions; do
     for f in $fusions; do
-      run "$np" --set distributed.compression=$c --set distributed.fusion_threshold_mb=$f
+      # PowerSGD otherwise reduces uncompressed until its start_step (100), past a short sweep's steps.
+      powersgd=()
+      [ "$c" = powersgd ] && powersgd=(--set distributed.powersgd.start_step=0)
+      run "$np" --set distributed.compression=$c --set distributed.fusion_threshold_mb=$f "${powersgd[@]}"
     done
   done
   np=$((np * 2))
@@ -83,9 +126,15 @@ echo "allreduce latency and bandwidth at 2 ranks (bench/allreduce_bench):"
 mpirun -np 2 $mpirun_args "$build/bench/allreduce_bench" --max-mib 4 --seconds 0.1 >"$out/allreduce.txt"
 sed -n '/^RESULT/!p' "$out/allreduce.txt" | sed 's/^/  /'
 
-"$build/bench/scaling_model" --results "$results" --allreduce "$out/allreduce.txt" --cores "$cores" \
-  --csv "$out/scaling.csv" --link-gbit "$link_gbit" --link-latency-us "$link_latency_us" ${label:+--label "$label"} \
-  | tee "$out/model.txt"
+{
+  echo "machine: $machine"
+  "$build/bench/scaling_model" --results "$results" --allreduce "$out/allreduce.txt" --cores "$cores" \
+    --csv "$out/scaling.csv" --link-gbit "$link_gbit" --link-latency-us "$link_latency_us" ${label:+--label "$label"}
+} | tee "$out/model.txt"
+if [ "$plots" = 0 ]; then
+  echo "wrote $out/scaling.csv, $out/model.txt (no plots: gnuplot is missing)"
+  exit 0
+fi
 
 # One line per variant (compression / fusion) against ranks, each starting from the 1-rank run:
 # a data file per variant, since gnuplot breaks a line wherever rows of other variants come between.

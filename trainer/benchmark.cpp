@@ -96,9 +96,7 @@ BenchmarkResult Trainer::benchmark(const BenchmarkOptions& options) {
   result.step_times = mean_step_times(timed, timed_seconds);
   const int64_t timed_steps = std::max<int64_t>(options.timed_steps * options.repetitions, 1);
   result.cpu_seconds_per_step = sums[2] / comm_->size() / static_cast<double>(timed_steps);
-  std::vector<double> sorted = result.samples_per_sec_by_repetition;
-  std::sort(sorted.begin(), sorted.end());
-  result.samples_per_sec = sorted.empty() ? 0.0 : sorted[sorted.size() / 2];
+  result.samples_per_sec = median(result.samples_per_sec_by_repetition);
   if (!config_.distributed.timeline.empty()) write_timeline(*comm_, config_.distributed.timeline);
   return result;
 }

@@ -562,11 +562,7 @@ std::string config_source(const std::string& path, const std::vector<std::string
 Json read_config(const std::string& path, const std::vector<std::string>& assignments) {
   Json json = read_json_file(path);
   for (const std::string& assignment : assignments) apply_override(json, assignment);
-  try {
-    parse_config(json);
-  } catch (const Error& e) {
-    throw Error(config_source(path, assignments) + ": " + e.what());
-  }
+  parse_config(json);
   return json;
 }
 

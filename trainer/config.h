@@ -177,7 +177,7 @@ Json read_json_file(const std::string& path);
 void apply_override(Json& config, const std::string& assignment);
 Config parse_config(const Json& config);
 // The config file with the --set assignments applied, checked by parse_config. Its errors name the
-// key; this adds which file, and the assignments, that the key came from.
+// key ("config key ..."); main puts config_source before them, as before a layer's.
 Json read_config(const std::string& path, const std::vector<std::string>& assignments);
 // "<path> --set a=1 --set b=2": where a config's keys came from, as its errors name it.
 std::string config_source(const std::string& path, const std::vector<std::string>& assignments);

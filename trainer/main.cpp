@@ -133,8 +133,8 @@ int main(int argc, char** argv) {
         return trainer::kExitStoppedWithCheckpoint;
     }
   } catch (const std::exception& e) {
-    // A key's error found after the config was read (a layer's, as the model is built) names where
-    // the key came from, as read_config's own errors do.
+    // A key's error, whether read_config's checks or a layer as the model is built found it, names
+    // where the key came from.
     const std::string what = e.what();
     const std::string located =
         what.starts_with("config key") ? trainer::config_source(config_path, overrides) + ": " + what : what;

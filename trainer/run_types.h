@@ -88,6 +88,16 @@ struct BenchmarkOptions {
   bool fixed_batch = false;
 };
 
+// The median, for an even count the mean of the middle two (as Python's statistics.median, which the
+// PyTorch side of the comparisons takes: the upper one alone favoured us when each side timed two
+// iterations); 0 for none.
+inline double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  const std::size_t half = values.size() / 2;
+  std::ranges::sort(values);
+  return values.size() % 2 == 1 ? values[half] : (values[half - 1] + values[half]) / 2;
+}
+
 struct BenchmarkResult {
   double samples_per_sec = 0;  // all ranks together, median of the repetitions
   std::vector<double> samples_per_sec_by_repetition;

@@ -13,7 +13,8 @@
 #                   for the same code path): 2 ranks in separate network
 #                   namespaces over TCP, and the model's prediction for them
 #   synthetic_benchmark  bench/synthetic_benchmark (Horovod's synthetic benchmark) on 1 and 2 ranks
-#                   with a small resnet20: Horovod's output lines and the RESULT line
+#                   with a small resnet20: Horovod's output lines and the RESULT line, whose median
+#                   of 3 and of 4 iterations is checked
 #   machine_probe   bench/machine_probe: memcpy and GEMM figures, a load that stops at SIGTERM and
 #                   reports what it streamed; train_bench's FLOPs per sample for the MNIST CNN,
 #                   and its --profile-ops count of them
@@ -24,10 +25,20 @@ BUILD=$(dirname "$TRAINER")  # the trainer sits at the top of the build director
 case "$CASE" in
   scaling_sweep)
     command -v gnuplot >/dev/null || { echo "SKIP: gnuplot is missing (scripts/setup.sh installs gnuplot-nox)"; exit 77; }
-    bash "$SRC/scripts/scaling.sh" --build "$BUILD" --max-ranks 2 --compression "none fp16" --fusion 4 \
+    # A misspelt compression is refused before the first run, in one line.
+    bash "$SRC/scripts/scaling.sh" --build "$BUILD" --compression "none fp17" --out "$SCRATCH/typo" >typo.out 2>&1
+    rc=$?
+    [ $rc -eq 2 ] && [ "$(wc -l <typo.out)" -eq 1 ] && grep -q "^scaling.sh: compression fp17, fusion 0: .*not one of" typo.out &&
+      [ ! -e "$SCRATCH/typo/results.jsonl" ] || { cat typo.out; fail "a misspelt compression was not refused at once (exit $rc)"; }
+    bash "$SRC/scripts/scaling.sh" --build "$BUILD" --max-ranks 2 --compression "none fp16 powersgd" --fusion 4 \
       --warmup 2 --steps 4 --reps 1 --out "$SCRATCH/sweep" >sweep.out 2>&1 || { cat sweep.out; fail "scaling.sh failed"; }
     sed 's/^/  /' sweep.out | tail -30
-    [ "$(wc -l <"$SCRATCH/sweep/scaling.csv")" -eq 4 ] || fail "expected a header and 3 rows in scaling.csv"
+    [ "$(wc -l <"$SCRATCH/sweep/scaling.csv")" -eq 5 ] || fail "expected a header and 4 rows in scaling.csv"
+    grep -q "^machine: .*core(s)" "$SCRATCH/sweep/model.txt" || fail "model.txt does not name the machine"
+    # PowerSGD's row: measured, but not predicted by the ring's model.
+    grep -q "^ *2 *powersgd .*(not modelled)$" "$SCRATCH/sweep/model.txt" || fail "no unmodelled powersgd row"
+    awk -F, '$1 == 2 && $2 == "powersgd" { found = 1; ok = $4 > 0 && $12 == "" } END { exit !(found && ok) }' \
+      "$SCRATCH/sweep/scaling.csv" || fail "the powersgd row should have a rate and no prediction"
     head -1 "$SCRATCH/sweep/scaling.csv" | grep -q "^ranks,compression,fusion_mb,samples_per_sec,efficiency" ||
       fail "unexpected CSV header"
     # The last column, the CPU time per step, is there and measured in every row (lines end in \r\n).
@@ -82,14 +93,22 @@ JSON
     ;;
   synthetic_benchmark)
     for np in 1 2; do
+      iters=$((np + 2))  # an odd count and an even one, whose median is the mean of the middle two
       cmd=("$BUILD/bench/synthetic_benchmark" --model resnet20 --input-shape 3,8,8 --batch-size 8 --num-classes 10
-           --threads 1 --num-warmup-batches 1 --num-batches-per-iter 2 --num-iters 3
+           --threads 1 --num-warmup-batches 1 --num-batches-per-iter 2 --num-iters "$iters"
            --set "output_dir=\"$SCRATCH/np$np\"")
       [ "$np" -gt 1 ] && cmd=("$MPIEXEC" -np "$np" --oversubscribe "${cmd[@]}")
       "${cmd[@]}" >np$np.out 2>&1 || { cat np$np.out; fail "synthetic_benchmark on $np rank(s) failed"; }
       grep -v '^RESULT' np$np.out | sed 's/^/  /'
       grep -q "^Number of CPUs: $np (threads per process: 1)$" np$np.out || fail "no 'Number of CPUs: $np' line"
-      [ "$(grep -c '^Iter #[0-9]: [0-9.]* img/sec per CPU$' np$np.out)" -eq 3 ] || fail "expected 3 'Iter #' lines"
+      [ "$(grep -c '^Iter #[0-9]: [0-9.]* img/sec per CPU$' np$np.out)" -eq "$iters" ] ||
+        fail "expected $iters 'Iter #' lines"
+      rates=$(sed -n 's/^RESULT .*"img_per_sec":\[\([^]]*\)\].*/\1/p' np$np.out | tr ',' '\n' | sort -g)
+      median=$(sed -n 's/^RESULT .*"img_per_sec_median":\([0-9.e+-]*\).*/\1/p' np$np.out)
+      [ "$(wc -l <<<"$rates")" -eq "$iters" ] || fail "expected $iters rates in RESULT's img_per_sec"
+      awk -v n="$iters" -v median="$median" '{ r[NR] = $1 }
+        END { m = n % 2 ? r[(n + 1) / 2] : (r[n / 2] + r[n / 2 + 1]) / 2; exit !(m > 0 && (median - m)^2 <= (1e-9 * m)^2) }' \
+        <<<"$rates" || fail "img_per_sec_median $median is not the median of [$(echo $rates)]"
       grep -q '^Img/sec per CPU: [0-9.]* +-[0-9.]*$' np$np.out || fail "no 'Img/sec per CPU' line"
       grep -q "^Total img/sec on $np CPU(s): [0-9.]* +-[0-9.]*$" np$np.out || fail "no 'Total img/sec' line"
       grep -q "^RESULT {.*\"ranks\":$np" np$np.out || fail "no RESULT line for $np rank(s)"
