@@ -2,6 +2,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -21,7 +22,8 @@ inline CLI::Validator at_least(double least, bool strictly = false) {
         } catch (const std::exception&) {
           used = 0;
         }
-        if (used != text.size() || text.empty()) return "must be a number " + rule + ", not '" + text + "'";
+        if (used != text.size() || text.empty() || !std::isfinite(value))
+          return "must be a number " + rule + ", not '" + text + "'";
         if (value < least || (strictly && value == least)) return "must be " + rule + ", not " + text;
         return {};
       },

@@ -25,10 +25,13 @@ set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 rates="100mbit 1gbit" modes="none fp16 powersgd:1 powersgd:2 powersgd:4" epochs=5 target=0.985 repeats=1
 config=configs/mnist.json out=runs/compression build=build summarize_only=0
+# A path given relative, from the directory the script was started in (the defaults are the
+# repository's, where the script then works).
+absolute() { [[ $1 == /* ]] && echo "$1" || echo "$PWD/$1"; }
 sets=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    -h | --help) ;;
+    -h | --help | --summarize-only) ;;
     -*) [ $# -ge 2 ] || { echo "compression_netns.sh: $1 needs a value (--help lists the options)" >&2; exit 2; } ;;
   esac
   case "$1" in
@@ -37,9 +40,9 @@ while [ $# -gt 0 ]; do
     --epochs) epochs=$2 ;;
     --target) target=$2 ;;
     --repeats) repeats=$2 ;;
-    --config) config=$2 ;;
-    --out) out=$2 ;;
-    --build) build=$2 ;;
+    --config) config=$(absolute "$2") ;;
+    --out) out=$(absolute "$2") ;;
+    --build) build=$(absolute "$2") ;;
     --set) sets+=(--set "$2") ;;
     --summarize-only) summarize_only=1; shift; continue ;;
     -h | --help) sed -n '2,/^set -/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -48,11 +51,6 @@ while [ $# -gt 0 ]; do
   shift 2
 done
 [[ $repeats =~ ^[1-9][0-9]*$ ]] || { echo "compression_netns.sh: --repeats must be a positive integer, got '$repeats'" >&2; exit 2; }
-# The user's relative paths, from where the script was started; the defaults, from the repository.
-absolute() { [[ $1 == /* ]] && echo "$1" || echo "$PWD/$1"; }
-[[ $config == configs/mnist.json ]] || config=$(absolute "$config")
-[[ $out == runs/compression ]] || out=$(absolute "$out")
-[[ $build == build ]] || build=$(absolute "$build")
 start_dir=$PWD
 cd "$repo_root"
 mkdir -p "$out"
@@ -89,6 +87,7 @@ header='rate\tmode\trepeat\tbytes_per_step\tsamples_per_sec\tcompute_ms\tcommuni
 if [ "$summarize_only" = 1 ]; then
   # Into a new file first: a --rates or --modes that names a run not in --out stops here (set -e)
   # and leaves the results.tsv that was there.
+  trap 'rm -f "$out/results.tsv.new"' EXIT
   {
     printf "$header"
     for ((repeat = 1; repeat <= repeats; repeat++)); do
@@ -98,6 +97,7 @@ if [ "$summarize_only" = 1 ]; then
     done
   } >"$out/results.tsv.new"
   mv "$out/results.tsv.new" "$out/results.tsv"
+  trap - EXIT
 else
  build=$(cd "$build" && pwd)  # the daemons in the namespaces start from another directory
  config=$(realpath "$config")

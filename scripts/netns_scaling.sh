@@ -8,12 +8,20 @@
 #
 #   scripts/netns_scaling.sh [--rates "1gbit 100mbit"] [--config configs/mnist.json] [--steps 20]
 #                            [--out runs/netns] [--build build] [--allreduce-seconds 0.5]
+#                            [--set KEY=VALUE ...]
+#
+# --set overrides the config in every run (repeatable). Relative paths are taken from the current
+# directory.
 #
 # Needs root (ip netns, tc). Exits 77 with the reason when namespaces cannot be made. Removes its
 # namespaces and bridge on exit.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# A path given relative, from the directory the script was started in (the defaults are the
+# repository's, where the script then works).
+absolute() { [[ $1 == /* ]] && echo "$1" || echo "$PWD/$1"; }
 rates="1gbit 100mbit" config=configs/mnist.json steps=20 out=runs/netns build=build allreduce_seconds=0.5
+overrides=()
 while [ $# -gt 0 ]; do
   case "$1" in
     -h | --help) ;;
@@ -21,11 +29,12 @@ while [ $# -gt 0 ]; do
   esac
   case "$1" in
     --rates) rates=$2 ;;
-    --config) config=$2 ;;
+    --config) config=$(absolute "$2") ;;
     --steps) steps=$2 ;;
-    --out) out=$2 ;;
-    --build) build=$2 ;;
+    --out) out=$(absolute "$2") ;;
+    --build) build=$(absolute "$2") ;;
     --allreduce-seconds) allreduce_seconds=$2 ;;
+    --set) overrides+=(--set "$2") ;;
     -h | --help) sed -n '2,/^set -/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "netns_scaling.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
@@ -42,7 +51,8 @@ source "$repo_root/scripts/netns_link.sh"
 for rate in $rates; do check_rate "$rate"; done
 
 echo "1-rank baseline (no network):"
-"$build/bench/train_bench" --config "$config" --threads 1 --warmup 5 --steps "$steps" --reps 2 >"$out/np1.txt"
+"$build/bench/train_bench" --config "$config" "${overrides[@]}" --threads 1 --warmup 5 --steps "$steps" --reps 2 \
+  >"$out/np1.txt"
 grep -E "^per step" "$out/np1.txt" | sed 's/^/  /'
 for rate in $rates; do
   throttle "$rate"
@@ -51,7 +61,8 @@ for rate in $rates; do
   echo "== link throttled to $rate (tbf on each namespace's egress, burst $burst bytes)"
   mpi "$dir/allreduce.txt" "$build/bench/allreduce_bench" --max-mib 4 --seconds "$allreduce_seconds"
   grep -E "^(mnist_cnn|synthetic)" "$dir/allreduce.txt" | sed 's/^/  /'
-  mpi "$dir/np2.txt" "$build/bench/train_bench" --config "$config" --threads 1 --warmup 3 --steps "$steps" --reps 2
+  mpi "$dir/np2.txt" "$build/bench/train_bench" --config "$config" "${overrides[@]}" --threads 1 --warmup 3 \
+    --steps "$steps" --reps 2
   grep -E "median|^per step" "$dir/np2.txt" | sed 's/^/  /'
   grep -h '^RESULT' "$out/np1.txt" "$dir/np2.txt" >"$dir/results.jsonl"
   "$build/bench/scaling_model" --results "$dir/results.jsonl" --allreduce "$dir/allreduce.txt" \

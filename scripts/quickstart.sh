@@ -8,6 +8,8 @@
 # (a build directory configured before keeps its own choice).
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# A relative DPTRAIN_DATA_DIR from where the script was started, for setup.sh and the trainer alike.
+[[ -n ${DPTRAIN_DATA_DIR:-} ]] && export DPTRAIN_DATA_DIR="$(realpath -m "$DPTRAIN_DATA_DIR")"
 cd "$repo_root"
 began=$(date +%s)
 scripts/setup.sh

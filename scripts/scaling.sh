@@ -34,6 +34,9 @@ set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 config=configs/mnist.json max_ranks=4 compressions="none fp16" fusions="0 4" warmup=10 steps=30 reps=3
 threads=1 out=runs/scaling build=build mpirun_args="" label="" link_gbit=25 link_latency_us=5
+# A path given relative, from the directory the script was started in (the defaults are the
+# repository's, where the script then works).
+absolute() { [[ $1 == /* ]] && echo "$1" || echo "$PWD/$1"; }
 overrides=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -41,7 +44,7 @@ while [ $# -gt 0 ]; do
     -*) [ $# -ge 2 ] || { echo "scaling.sh: $1 needs a value (--help lists the options)" >&2; exit 2; } ;;
   esac
   case "$1" in
-    --config) config=$2 ;;
+    --config) config=$(absolute "$2") ;;
     --max-ranks) max_ranks=$2 ;;
     --compression) compressions=$2 ;;
     --fusion) fusions=$2 ;;
@@ -49,8 +52,8 @@ while [ $# -gt 0 ]; do
     --steps) steps=$2 ;;
     --reps) reps=$2 ;;
     --threads) threads=$2 ;;
-    --out) out=$2 ;;
-    --build) build=$2 ;;
+    --out) out=$(absolute "$2") ;;
+    --build) build=$(absolute "$2") ;;
     --mpirun-args) mpirun_args=$2 ;;
     --label) label=$2 ;;
     --link-gbit) link_gbit=$2 ;;
@@ -60,11 +63,6 @@ while [ $# -gt 0 ]; do
   esac
   shift 2
 done
-# The user's relative paths, from where the script was started; the defaults, from the repository.
-absolute() { [[ $1 == /* ]] && echo "$1" || echo "$PWD/$1"; }
-[[ $config == configs/mnist.json ]] || config=$(absolute "$config")
-[[ $out == runs/scaling ]] || out=$(absolute "$out")
-[[ $build == build ]] || build=$(absolute "$build")
 cd "$repo_root"
 bench=$build/bench/train_bench
 for program in "$bench" "$build/bench/allreduce_bench" "$build/bench/scaling_model"; do
@@ -105,7 +103,7 @@ run() {
   printf '  np %-3s %-40s %10.0f samples/s\n' "$np" "$*" "$(echo "$line" | sed 's/.*"samples_per_sec":\([0-9.]*\).*/\1/')"
 }
 
-machine="$(lscpu | sed -n 's/^Model name: *//p' | head -1), $cores core(s)"
+machine="$({ lscpu 2>/dev/null || true; } | sed -n 's/^Model name: *//p' | head -1), $cores core(s)"
 echo "scaling sweep of $config: ranks 1..$max_ranks, compression {$compressions}, fusion {$fusions} MiB, $threads thread(s) per rank; $machine"
 run 1
 np=2

@@ -5,7 +5,7 @@ CASE=$1 TRAINER=$2 SRC=$3 SCRATCH=$4 MPIEXEC=${5:-mpirun}
 # tests/e2e_check.cpp, built beside the trainer: weight, metric and timeline comparisons.
 CHECK=$(dirname "$TRAINER")/tests/e2e_check
 # Real MNIST, where scripts/setup.sh put it.
-MNIST_DIR=${DPTRAIN_DATA_DIR:-$SRC/data/mnist}
+MNIST_DIR=$(realpath -m "${DPTRAIN_DATA_DIR:-$SRC/data/mnist}")
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMP_NUM_THREADS=1  # with threads = 1 in every run: one core per rank, deterministic kernels
 

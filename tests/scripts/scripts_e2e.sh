@@ -30,7 +30,8 @@ case "$CASE" in
     rc=$?
     [ $rc -eq 2 ] && [ "$(wc -l <typo.out)" -eq 1 ] && grep -q "^scaling.sh: compression fp17, fusion 0: .*not one of" typo.out &&
       [ ! -e "$SCRATCH/typo/results.jsonl" ] || { cat typo.out; fail "a misspelt compression was not refused at once (exit $rc)"; }
-    bash "$SRC/scripts/scaling.sh" --build "$BUILD" --max-ranks 2 --compression "none fp16 powersgd" --fusion 4 \
+    bash "$SRC/scripts/scaling.sh" --build "$BUILD" --set "data.dir=\"$MNIST_DIR\"" --max-ranks 2 \
+      --compression "none fp16 powersgd" --fusion 4 \
       --warmup 2 --steps 4 --reps 1 --out "$SCRATCH/sweep" >sweep.out 2>&1 || { cat sweep.out; fail "scaling.sh failed"; }
     sed 's/^/  /' sweep.out | tail -30
     [ "$(wc -l <"$SCRATCH/sweep/scaling.csv")" -eq 5 ] || fail "expected a header and 4 rows in scaling.csv"
@@ -63,7 +64,8 @@ JSON
       fail "the extrapolation does not use the swept resnet20"
     ;;
   netns_scaling)
-    bash "$SRC/scripts/netns_scaling.sh" --build "$BUILD" --rates 1gbit --steps 3 --allreduce-seconds 0.02 --out "$SCRATCH/netns" >netns.out 2>&1
+    bash "$SRC/scripts/netns_scaling.sh" --build "$BUILD" --set "data.dir=\"$MNIST_DIR\"" --rates 1gbit --steps 3 \
+      --allreduce-seconds 0.02 --out "$SCRATCH/netns" >netns.out 2>&1
     rc=$?
     sed 's/^/  /' netns.out
     [ $rc -eq 77 ] && exit 77
@@ -90,6 +92,16 @@ JSON
     [ "$(grep -c "^| 100mbit | powersgd:2 |" "$SCRATCH/compression/table.md")" -eq 1 ] ||
       fail "expected one powersgd row in table.md"
     [ -s "$SCRATCH/compression/100mbit/powersgd_rank2/repeat2/curve.dat" ] || fail "no curve data"
+    # --summarize-only (last, as the usage line has it) rebuilds the same rows; one that names a mode
+    # never run fails and leaves results.tsv as it was.
+    cp "$results" results.before
+    bash "$SRC/scripts/compression_netns.sh" --rates 100mbit --modes "none powersgd:2" --repeats 2 --target 0.5 \
+      --out "$SCRATCH/compression" --summarize-only >summary.out 2>&1 || { cat summary.out; fail "--summarize-only failed"; }
+    cmp -s results.before "$results" || fail "--summarize-only rebuilt other rows than the runs wrote"
+    bash "$SRC/scripts/compression_netns.sh" --rates 100mbit --modes "none fp16" --repeats 2 \
+      --out "$SCRATCH/compression" --summarize-only >missing.out 2>&1 && fail "--summarize-only of a mode never run passed"
+    cmp -s results.before "$results" && [ ! -e "$results.new" ] ||
+      fail "a failed --summarize-only changed results.tsv or left results.tsv.new"
     ;;
   synthetic_benchmark)
     for np in 1 2; do
@@ -178,14 +190,15 @@ JSON
     sed 's/^/  /' load.out
     grep -q '^load: [1-9][0-9]* copies of 8 MiB in .* GB/s$' load.out || fail "no load summary line"
     # The CNN: 2 x 3 x (26*26*32*9 + 11*11*64*288 + 1600*64 + 64*10) = 15.17 MFLOP per sample.
-    (cd "$SRC" && "$BUILD/bench/train_bench" --config configs/mnist.json --warmup 1 --steps 2 --reps 1) >bench.out ||
+    (cd "$SRC" && "$BUILD/bench/train_bench" --config configs/mnist.json --set "data.dir=\"$MNIST_DIR\"" --warmup 1 --steps 2 \
+      --reps 1) >bench.out ||
       fail "train_bench failed"
     grep -q '"training_flops_per_sample":15168000[,}]' bench.out || fail "the CNN's FLOPs per sample are not 15168000"
     # --profile-ops counts each kernel's FLOPs: forward 2 x 2,528,000 per sample, backward twice that
     # but for conv1 (389,376), whose input wants no gradient: 5,056,000 + 2 x 4,666,624 + 389,376 =
     # 14,778,624 per sample, 945,831,936 per step of 64.
-    (cd "$SRC" && "$BUILD/bench/train_bench" --config configs/mnist.json --batch 64 --warmup 1 --steps 2 --reps 2 \
-       --profile-ops) >profile.out || fail "train_bench --profile-ops failed"
+    (cd "$SRC" && "$BUILD/bench/train_bench" --config configs/mnist.json --set "data.dir=\"$MNIST_DIR\"" --batch 64 --warmup 1 \
+      --steps 2 --reps 2 --profile-ops) >profile.out || fail "train_bench --profile-ops failed"
     grep -q '^  all kernels ' profile.out || fail "train_bench --profile-ops: no 'all kernels' row"
     grep -q '"flops_per_step":945831936.0[,}]' profile.out ||
       fail "train_bench --profile-ops: expected 945831936 FLOPs per step, got $(grep -o '"flops_per_step":[0-9.e+]*' profile.out)"
