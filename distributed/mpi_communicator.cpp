@@ -1,13 +1,11 @@
-// MPI collectives, the communication thread and the stall watchdog.
+// MPI collectives and the stall watchdog.
 #include "distributed/mpi_communicator.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -15,7 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/timeline.h"
+#include "distributed/communication_thread.h"
 #include "distributed/mpi_check.h"
 #include "distributed/shared_memory_reduce.h"
 
@@ -142,14 +140,6 @@ void reduce_scatter_now(void* data, std::size_t chunk, DataType type, ReduceOp o
 
 }  // namespace
 
-struct Job final : PendingWork {
-  std::string what;
-  std::string timeline_name;  // its span on the timeline, when that is on
-  std::function<void()> run;
-  std::atomic<bool> done{false};
-  std::exception_ptr error;
-};
-
 // Watches collectives in flight, two slots: the calling thread's and the communication thread's.
 struct StallWatchdog {
   struct Slot {
@@ -229,68 +219,18 @@ class Watch {
   int slot_;
 };
 
-struct CommWorker {
-  std::mutex mutex;
-  std::condition_variable has_work, finished;
-  std::deque<std::shared_ptr<Job>> queue;
-  bool busy = false, stop = false;
-  std::thread thread;
-
-  // The thread holds its own reference: if the owner must give up on a collective that never
-  // returns (an abort is coming), it detaches and nothing is destroyed under the thread's feet.
-  static void loop(std::shared_ptr<CommWorker> self, std::shared_ptr<StallWatchdog> dog) {
-    timeline::set_thread(1, "communication");
-    for (;;) {
-      std::shared_ptr<Job> job;
-      {
-        std::unique_lock lock(self->mutex);
-        self->has_work.wait(lock, [&] { return self->stop || !self->queue.empty(); });
-        if (self->queue.empty()) return;
-        job = std::move(self->queue.front());
-        self->queue.pop_front();
-        self->busy = true;
-      }
-      try {
-        Watch watch(dog.get(), 1, job->what);
-        const auto begin = timeline::Clock::now();
-        job->run();
-        if (timeline::enabled() && !job->timeline_name.empty())
-          timeline::record(std::move(job->timeline_name), "communication", begin, timeline::Clock::now());
-      } catch (...) {
-        job->error = std::current_exception();
-      }
-      {
-        std::lock_guard lock(self->mutex);
-        job->done.store(true, std::memory_order_release);
-        self->busy = false;
-      }
-      self->finished.notify_all();
-    }
-  }
-};
-
 MpiCommunicator::MpiCommunicator(const World& world, StallPolicy stall, bool shared_memory)
     : rank_(world.rank()), size_(world.size()), shared_memory_(shared_memory && world.hosts() == 1) {
   if (size_ > 1) watchdog_ = std::make_shared<StallWatchdog>(stall, rank_);
+  // The thread may outlive this object (~CommunicationThread): it keeps the watchdog alive.
+  thread_ = std::make_unique<CommunicationThread>(
+      [dog = watchdog_](const std::string& what, const std::function<void()>& run) {
+        Watch watch(dog.get(), 1, what);
+        run();
+      });
 }
 
-MpiCommunicator::~MpiCommunicator() {
-  if (!worker_) return;
-  bool idle;
-  {
-    std::lock_guard lock(worker_->mutex);
-    worker_->stop = true;
-    idle = !worker_->busy && worker_->queue.empty();
-  }
-  worker_->has_work.notify_all();
-  // Busy only when unwinding from an error with a collective stuck in flight: the process is about
-  // to abort, and joining would hang.
-  if (idle) {
-    worker_->thread.join();
-  } else {
-    worker_->thread.detach();
-  }
-}
+MpiCommunicator::~MpiCommunicator() = default;
 
 StoragePtr MpiCommunicator::allocate_reduction_buffer(std::size_t bytes, Device device) {
   if (size_ == 1 || !shared_memory_ || !device.is_host() || bytes == 0) return make_storage(bytes, device);
@@ -392,39 +332,15 @@ Pending MpiCommunicator::start_allgather_in_place_elements(void* data, std::size
 }
 
 Pending MpiCommunicator::enqueue(std::string what, std::string timeline_name, std::function<void()> run) {
-  if (!worker_) {
-    worker_ = std::make_shared<CommWorker>();
-    worker_->thread = std::thread(CommWorker::loop, worker_, watchdog_);
-  }
-  auto job = std::make_shared<Job>();
-  job->what = std::move(what);
-  job->timeline_name = std::move(timeline_name);
-  job->run = std::move(run);
-  {
-    std::lock_guard lock(worker_->mutex);
-    worker_->queue.push_back(job);
-  }
-  worker_->has_work.notify_one();
-  return Pending(std::move(job));
+  return thread_->enqueue(std::move(what), std::move(timeline_name), std::move(run));
 }
 
 void MpiCommunicator::wait(Pending& pending) {
-  if (!pending.active()) return;
-  const std::shared_ptr<Job> job = std::static_pointer_cast<Job>(pending.take());
-  // Collectives often finish within microseconds of the request: spin a little before sleeping.
-  for (int spin = 0; spin < 2000 && !job->done.load(std::memory_order_acquire); ++spin)
-    std::this_thread::yield();
-  if (!job->done.load(std::memory_order_acquire)) {
-    std::unique_lock lock(worker_->mutex);
-    worker_->finished.wait(lock, [&] { return job->done.load(std::memory_order_acquire); });
-  }
-  if (job->error) std::rethrow_exception(job->error);
+  thread_->wait(pending);
 }
 
 void MpiCommunicator::drain() {
-  if (!worker_) return;
-  std::unique_lock lock(worker_->mutex);
-  worker_->finished.wait(lock, [&] { return !worker_->busy && worker_->queue.empty(); });
+  thread_->drain();
 }
 
 void MpiCommunicator::allreduce_elements(void* data, std::size_t count, DataType type, ReduceOp op,

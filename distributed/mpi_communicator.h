@@ -18,7 +18,7 @@
 
 namespace dptrain::distributed {
 
-struct CommWorker;
+class CommunicationThread;
 struct StallWatchdog;
 class SharedMemorySegment;
 
@@ -73,7 +73,7 @@ class MpiCommunicator final : public Communicator {
   // The segments behind the reduction buffers handed out; each lives as long as its buffer.
   std::vector<std::weak_ptr<SharedMemorySegment>> segments_;
   std::shared_ptr<StallWatchdog> watchdog_;
-  std::shared_ptr<CommWorker> worker_;  // started on the first asynchronous collective
+  std::unique_ptr<CommunicationThread> thread_;  // runs the asynchronous collectives
 };
 
 }  // namespace dptrain::distributed
