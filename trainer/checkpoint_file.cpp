@@ -215,14 +215,24 @@ void restore(const Checkpoint& checkpoint, const std::vector<NamedTensor>& param
     target->tensor.copy_from(*checkpoint.file.find(stored_name));
 }
 
+std::optional<int64_t> checkpoint_step_of(const std::string& file_name) {
+  std::smatch m;
+  if (!std::regex_match(file_name, m, kCheckpointName)) return std::nullopt;
+  int64_t step = 0;
+  const std::string digits = m[1].str();
+  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+  // Not a step this trainer could have written (past int64): not one of its checkpoints.
+  if (error != std::errc() || end != digits.data() + digits.size()) return std::nullopt;
+  return step;
+}
+
 std::vector<std::string> list_checkpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    std::smatch m;
-    const std::string name = entry.path().filename().string();
-    if (entry.is_regular_file() && std::regex_match(name, m, kCheckpointName))
-      found.emplace_back(std::stoll(m[1].str()), entry.path().string());
+    if (!entry.is_regular_file()) continue;
+    if (const auto step = checkpoint_step_of(entry.path().filename().string()))
+      found.emplace_back(*step, entry.path().string());
   }
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<std::string> paths;
@@ -230,9 +240,17 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   return paths;
 }
 
+void remove_checkpoint(const std::string& path) {
+  std::error_code ec;
+  fs::remove(path, ec);
+  DPTRAIN_CHECK(!ec, path, ": cannot remove this checkpoint (", ec.message(),
+                "); check the permissions of its directory, or move it away");
+}
+
 void prune_checkpoints(const std::string& dir, int64_t keep) {
   const std::vector<std::string> all = list_checkpoints(dir);
-  for (std::size_t i = static_cast<std::size_t>(keep); keep > 0 && i < all.size(); ++i) fs::remove(all[i]);
+  for (std::size_t i = static_cast<std::size_t>(keep); keep > 0 && i < all.size(); ++i)
+    remove_checkpoint(all[i]);
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec))
     if (std::regex_match(entry.path().filename().string(), kTempName)) fs::remove(entry.path(), ec);

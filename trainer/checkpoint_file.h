@@ -70,9 +70,15 @@ void restore(const Checkpoint& checkpoint, const std::vector<NamedTensor>& param
              const std::vector<NamedTensor>* optimizer_state,
              const std::vector<std::string>& optional_state = {});
 
+// The step in a checkpoint's file name ("ckpt-00001234.safetensors"); nullopt for any other name.
+std::optional<int64_t> checkpoint_step_of(const std::string& file_name);
+
 // Checkpoint files in `dir`, newest (highest step) first; temp files of interrupted writes are not
 // listed. A missing directory has none.
 std::vector<std::string> list_checkpoints(const std::string& dir);
+
+// Deletes a checkpoint file; throws naming it when it cannot.
+void remove_checkpoint(const std::string& path);
 
 // Deletes all but the newest `keep` checkpoints (keep 0: none deleted) and leftover temp files.
 void prune_checkpoints(const std::string& dir, int64_t keep);

@@ -25,8 +25,11 @@ bool Checkpoints::due_at_epoch_end(int64_t epoch, int64_t global_step, bool stop
 }
 
 std::string Checkpoints::save(const CheckpointData& data) {
+  // Every rank counts the checkpoint as written, even where rank 0's write fails ("warn"): the
+  // schedule of the collectives around checkpoints stays the same on all of them.
   last_written_step_ = data.position.global_step;
   if (rank_ != 0) return "";
+  last_write_failed_ = true;
   timeline::Span span("checkpoint", "checkpoint");
   const auto start = std::chrono::steady_clock::now();
   const std::string path = config_.dir + "/" + checkpoint_file_name(data.position.global_step);
@@ -50,7 +53,13 @@ std::string Checkpoints::save(const CheckpointData& data) {
                  static_cast<long long>(data.position.global_step), e.what());
     return "";
   }
-  prune_checkpoints(config_.dir, config_.keep);
+  last_write_failed_ = false;
+  try {
+    prune_checkpoints(config_.dir, config_.keep);
+  } catch (const std::exception& e) {
+    // The new checkpoint is written: an old one left behind costs only disk space.
+    std::fprintf(stderr, "dptrain: warning: %s\n", e.what());
+  }
   char line[512];
   std::snprintf(line, sizeof line, "checkpoint: %s (%.2f MB, %.1f ms)", path.c_str(),
                 static_cast<double>(size) / 1e6,
@@ -61,9 +70,31 @@ std::string Checkpoints::save(const CheckpointData& data) {
 std::string Checkpoints::clear_earlier() const {
   const std::vector<std::string> earlier = list_checkpoints(config_.dir);
   if (earlier.empty()) return "";
-  for (const std::string& path : earlier) std::filesystem::remove(path);
+  for (const std::string& path : earlier) remove_checkpoint(path);
   return "dptrain: starting fresh: removed " + std::to_string(earlier.size()) +
          " checkpoint(s) of an earlier run from " + config_.dir + " (--resume auto continues one instead)";
+}
+
+std::string Checkpoints::set_aside_after(int64_t global_step) const {
+  namespace fs = std::filesystem;
+  int64_t moved = 0;
+  for (const std::string& path : list_checkpoints(config_.dir)) {
+    const fs::path from(path);
+    const auto step = checkpoint_step_of(from.filename().string());
+    if (!step || *step <= global_step) continue;
+    const fs::path to = from.parent_path() / (std::string(kSetAsidePrefix) + from.filename().string());
+    std::error_code ec;
+    fs::rename(from, to, ec);
+    DPTRAIN_CHECK(!ec, path, ": cannot rename it to ", to.string(), " (", ec.message(),
+                  "): this run goes on from step ", global_step,
+                  ", and the higher step would outrank its checkpoints; move it away by hand");
+    ++moved;
+  }
+  if (moved == 0) return "";
+  return "dptrain: set aside " + std::to_string(moved) + " checkpoint(s) past step " +
+         std::to_string(global_step) + " in " + config_.dir + " as " + kSetAsidePrefix +
+         "ckpt-*: this run goes on from that step, and their higher steps would outrank its own (rename one "
+         "back to resume from it)";
 }
 
 std::optional<Checkpoint> Checkpoints::find(const std::string& which,

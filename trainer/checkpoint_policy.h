@@ -35,6 +35,14 @@ class Checkpoints {
   // Rank 0 of a fresh start: removes an earlier run's checkpoints, whose higher step numbers would
   // otherwise win a later --resume auto. Returns the line to report, "" when there were none.
   std::string clear_earlier() const;
+  // Rank 0 of a resumed run: renames the checkpoints of steps past the one it resumed from (a run
+  // rolled back with --resume PATH, or ones --resume auto could not use) to kSetAsidePrefix + name,
+  // where their higher steps no longer outrank its own in pruning and in a later --resume auto.
+  // Returns the line to report, "" when there were none.
+  std::string set_aside_after(int64_t global_step) const;
+  static constexpr const char* kSetAsidePrefix = "set-aside-";
+  // Rank 0: whether the last save() failed to write ("warn" goes on without it).
+  bool last_write_failed() const { return last_write_failed_; }
 
   // Rank 0: the checkpoint to continue from. "auto": the newest in checkpoint.dir that reads,
   // validates and passes `accept` (each one rejected is reported on stderr); none there: nullopt;
@@ -48,6 +56,7 @@ class Checkpoints {
   int rank_;
   InjectedFault fault_;
   int64_t last_written_step_ = -1;
+  bool last_write_failed_ = false;
 };
 
 }  // namespace dptrain::trainer

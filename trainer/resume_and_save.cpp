@@ -18,8 +18,18 @@ void Trainer::resume(const std::string& which) {
     DPTRAIN_CHECK(c.position.epoch_samples_done < train_set_->size(), c.path, ": its position (sample ",
                   c.position.epoch_samples_done, " of epoch ", c.position.epochs_completed + 1,
                   ") lies beyond the ", train_set_->size(), " training samples configured now");
+    // Outside deterministic mode (whose micro-batches may leave a rank none), every rank needs a sample
+    // in each step: a resume on more ranks may find fewer samples left in the epoch than ranks.
+    const int64_t left = train_set_->size() - c.position.epoch_samples_done;
+    DPTRAIN_CHECK(deterministic_ || config_.data.drop_last || c.position.epoch_samples_done == 0 ||
+                      left >= world_.size(),
+                  c.path, ": its position leaves ", left, " sample(s) of epoch ",
+                  c.position.epochs_completed + 1, ", fewer than the ", world_.size(),
+                  " ranks of this run, each of which needs one; resume on at most ", left,
+                  " rank(s) to finish the epoch, or from a checkpoint written at an epoch's end");
     check_deterministic_resume(c);
     check_classes(c);
+    check_sampling(c);
     // A sharded optimizer's state is read whole here and handed out in start().
     if (optimizer_->sharded()) whole_optimizer_state_ = optimizer_->whole_state_buffers();
     const std::vector<NamedTensor> state =
@@ -109,19 +119,35 @@ std::vector<NamedTensor> Trainer::optimizer_state_whole() {
 void Trainer::write_stop_note(const std::string& why) const {
   if (!world_.is_root()) return;
   const std::string checkpoint = config_.checkpoint.dir + "/" + checkpoint_file_name(position_.global_step);
+  // With checkpoint.on_error "warn", the stop's checkpoint may have failed (the warning above says
+  // why): --resume auto then continues from the newest one that was written.
+  const bool written = !checkpoints_.last_write_failed();
+  const std::vector<std::string> on_disk = list_checkpoints(config_.checkpoint.dir);
+  const std::string resumes_from = written ? checkpoint : on_disk.empty() ? "" : on_disk.front();
   const Json note = {{"stopped_by", why},
                      {"global_step", position_.global_step},
-                     {"checkpoint", checkpoint},
+                     {"checkpoint", resumes_from.empty() ? Json() : Json(resumes_from)},
+                     {"checkpoint_written", written},
                      {"exit_status", kExitStoppedWithCheckpoint},
                      {"resume", "run the same command with --resume auto"}};
-  std::ofstream(stop_note_path(config_)) << note.dump() << "\n";
+  const std::string text = note.dump() + "\n";
+  try {
+    write_file_durably(stop_note_path(config_), std::vector<char>(text.begin(), text.end()));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dptrain: warning: %s\n", e.what());
+  }
   std::fflush(stdout);
+  const std::string what_was_written =
+      written ? "checkpoint " + checkpoint + " written"
+              : "its checkpoint could NOT be written (see above); " +
+                    (resumes_from.empty() ? "no checkpoint to resume from"
+                                          : "--resume auto continues from " + resumes_from);
   // Open MPI's mpirun turns a SIGTERM or SIGINT sent to it into SIGTERM for the ranks, and exits 1.
   const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_RANK") != nullptr;
   std::fprintf(stderr,
-               "dptrain: stopped by %s after step %lld, checkpoint %s written; exiting with status %d%s "
+               "dptrain: stopped by %s after step %lld, %s; exiting with status %d%s "
                "(resume with --resume auto)\n",
-               why.c_str(), static_cast<long long>(position_.global_step), checkpoint.c_str(),
+               why.c_str(), static_cast<long long>(position_.global_step), what_was_written.c_str(),
                kExitStoppedWithCheckpoint,
                under_mpirun && why.rfind("SIGUSR1", 0) != 0
                    ? " (mpirun itself exits 1 when the signal was sent to it; stopped.json records the stop)"
@@ -147,6 +173,30 @@ void Trainer::check_classes(const Checkpoint& c) const {
                first_difference, " was ", name_at(then), ", is ", name_at(now),
                ". Labels would change meaning: resume with the same class folders, or start afresh "
                "(model.init_from keeps the weights)");
+}
+
+// Mid-epoch, the rest of the epoch is the rest of the permutation that the checkpoint's run drew:
+// another seed, shuffle or training-set size draws another, and the epoch would then visit some
+// samples twice and others never.
+void Trainer::check_sampling(const Checkpoint& c) const {
+  if (c.position.epoch_samples_done == 0) return;
+  const auto entry = c.file.metadata.find("sampler");
+  if (entry == c.file.metadata.end()) return;
+  const Json then = Json::parse(entry->second, nullptr, false);
+  if (!then.is_object()) return;
+  std::string changed;
+  const auto compare = [&](const char* recorded, const Json& now, const std::string& key) {
+    const Json was = then.value(recorded, Json());
+    if (was.is_null() || was == now) return;
+    changed += (changed.empty() ? "" : ", ") + key + " " + was.dump() + " then, " + now.dump() + " now";
+  };
+  compare("shuffle", config_.data.shuffle, "data.shuffle");
+  if (config_.data.shuffle) compare("seed", config_.seed, "seed");
+  compare("dataset_size", train_set_->size(), "training samples (data.dir, data.max_train_samples)");
+  DPTRAIN_CHECK(changed.empty(), c.path, ": written mid-epoch (sample ", c.position.epoch_samples_done,
+                " of epoch ", c.position.epochs_completed + 1, ") by a run that sampled otherwise: ", changed,
+                ". The rest of the epoch would visit other samples, some twice and some never: resume with "
+                "the values of then, or from a checkpoint written at an epoch's end");
 }
 
 Json Trainer::deterministic_metadata() const {

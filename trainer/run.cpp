@@ -38,14 +38,12 @@
 namespace dptrain::trainer {
 namespace {
 
-// The directories a run writes: output_dir, and checkpoint.dir when it lies elsewhere.
+// The directories a run writes, each to be locked: output_dir, and checkpoint.dir unless it is the
+// same. A checkpoint.dir inside output_dir is locked too: another run may name it as its own
+// checkpoint.dir, and its fresh start would then remove this run's checkpoints.
 std::vector<std::string> run_directories(const Config& c) {
   namespace fs = std::filesystem;
-  const fs::path output = fs::weakly_canonical(c.output_dir),
-                 checkpoints = fs::weakly_canonical(c.checkpoint.dir);
-  if (std::mismatch(output.begin(), output.end(), checkpoints.begin(), checkpoints.end()).first ==
-      output.end())
-    return {c.output_dir};
+  if (fs::weakly_canonical(c.output_dir) == fs::weakly_canonical(c.checkpoint.dir)) return {c.output_dir};
   return {c.output_dir, c.checkpoint.dir};
 }
 
@@ -350,10 +348,9 @@ TrainingResult Trainer::run() {
   if (world_.is_root()) {
     if (!resumed_) refuse_to_discard_a_stopped_run();
     std::filesystem::remove(stop_note_path(config_));  // a previous run's: this one decides anew
-    if (!resumed_) {
-      const std::string cleared = checkpoints_.clear_earlier();
-      if (!cleared.empty()) std::printf("%s\n", cleared.c_str());
-    }
+    const std::string cleared =
+        resumed_ ? checkpoints_.set_aside_after(position_.global_step) : checkpoints_.clear_earlier();
+    if (!cleared.empty()) std::printf("%s\n", cleared.c_str());
     print_summary(config_, summary());
   }
   MetricsLog metrics(config_, world_.is_root(), /*append=*/resumed_);
@@ -383,7 +380,7 @@ TrainingResult Trainer::run() {
     std::vector<NamedTensor> weights;
     for (const NamedTensor& p : model_state())
       weights.push_back({p.name, p.tensor.to(Device::cpu()), p.stored});
-    safetensors::save(path, weights, {{"format", "pt"}, {"producer", "dptrain"}});
+    write_file_durably(path, safetensors::serialize(weights, {{"format", "pt"}, {"producer", "dptrain"}}));
     print_run_end(config_, result.epochs, seconds_since(run_start_));
     std::printf("final weights: %s\n", path.c_str());
   }
@@ -404,10 +401,12 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
   for (; step < steps && !step_limit_reached() && !stop_.any(); ++step) {
     fault_.before_step(world_.rank(), position_.global_step);
     train_step(epoch, step, totals);
-    // The metrics are read from the device only when shown, every log_every_steps on every rank (so
-    // that a deferred gradient check stops all ranks at one step), and at the end.
-    if ((step + 1) % config_.training.log_every_steps == 0 || progress_.due(step)) {
-      flush_metrics(totals);
+    // The metrics are read from the device only when shown: every log_every_steps on every rank, and
+    // when rank 0's progress is drawn. A deferred gradient check runs at the log steps alone, which are
+    // the same on every rank, so that it stops all ranks at one step.
+    const bool log_step = (step + 1) % config_.training.log_every_steps == 0;
+    if (log_step || progress_.due(step)) {
+      flush_metrics(totals, /*check_gradients=*/log_step);
       progress_.update(
           step, totals.loss_sum.value() / totals.samples,
           config_.model.loss == LossKind::kMse ? -1.0 : static_cast<double>(totals.correct) / totals.samples,

@@ -186,9 +186,9 @@ void Trainer::count_batch(const Tensor& output, const Tensor& loss, StepTotals& 
   totals.samples += output.dim(0);
 }
 
-void Trainer::flush_metrics(StepTotals& totals) {
+void Trainer::flush_metrics(StepTotals& totals, bool check_gradients) {
   train_metrics_->flush(totals.loss_sum, totals.correct);
-  gradient_sync_->check_deferred();
+  if (check_gradients) gradient_sync_->check_deferred();
 }
 
 // The loader's batch copied into tensors of the run's device: on a GPU straight from the loader's

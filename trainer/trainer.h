@@ -96,9 +96,10 @@ class Trainer {
   // The loss and correct predictions of a forward pass, bound for `totals` (StepMetrics: read at the
   // next flush_metrics).
   void count_batch(const Tensor& output, const Tensor& loss, StepTotals& totals);
-  // Brings `totals` up to date with the batches counted so far and throws if a deferred gradient
-  // check flagged a step: where the host waits for the device anyway (a log line, an epoch's end).
-  void flush_metrics(StepTotals& totals);
+  // Brings `totals` up to date with the batches counted so far and, with `check_gradients`, throws if
+  // a deferred gradient check flagged a step: where the host waits for the device anyway (a log line,
+  // an epoch's end). Every rank must check at the same steps.
+  void flush_metrics(StepTotals& totals, bool check_gradients = true);
   Evaluation evaluate();
   // Whether BatchNorm buffers are rank 0's on every rank (broadcast before each step and evaluation).
   bool buffers_follow_rank0() const;
@@ -124,6 +125,7 @@ class Trainer {
   uint64_t dropout_seed_of_micro_batch(int64_t global_micro_batch) const;
   void check_deterministic_resume(const Checkpoint& checkpoint) const;
   void check_classes(const Checkpoint& checkpoint) const;
+  void check_sampling(const Checkpoint& checkpoint) const;
   Json deterministic_metadata() const;        // what a checkpoint records of distributed.deterministic
   int64_t global_batch() const;               // samples per optimizer step, all ranks (full steps)
   int64_t optimizer_steps_per_epoch() const;  // the sampler's batches, batches_per_step_ to a step

@@ -14,11 +14,13 @@
 #   interrupted_write       rank 0 SIGKILLed half-way through writing a checkpoint: the previous one
 #                           still loads, --resume auto picks it, and the weights still match
 #   damaged_checkpoints     flipped byte, truncation, another model: auto reports each by name and
-#                           reason and falls back; an explicit PATH fails with one line;
+#                           reason, falls back and sets the ones passed over aside; an explicit PATH
+#                           fails with one line;
 #                           model.init_from takes a checkpoint's weights, and --evaluate a run's
 #                           model.safetensors
 #   resume_other_world_size 2 ranks -> 1 and 1 -> 2: training continues from the same sample and
-#                           reaches the straight run's accuracy band
+#                           reaches the straight run's accuracy band; another seed mid-epoch is
+#                           refused, and so are more ranks than samples left in the epoch
 #   pytorch_interop         scripts/checkpoint_to_pytorch.py's accuracy == trainer --evaluate's
 #                           within 0.01% (skipped without python3-torch)
 #   torchvision_interop     resnet18 both ways by name: the trainer's model.safetensors loads into
@@ -135,6 +137,13 @@ case "$CASE" in
     grep -q "skipping checkpoint: $dir/ckpt-00000048.safetensors: " auto.err || fail "the truncated ckpt-48 was not reported"
     [ "$(resumed_from auto)" = "$dir/ckpt-00000032.safetensors" ] || fail "auto did not fall back to ckpt-32"
     echo "  --resume auto fell back to ckpt-00000032.safetensors"
+    # The two it passed over are set aside: with their higher steps they would outrank the run's own.
+    grep "set aside" auto.out | sed 's/^/    /'
+    grep -q "set aside 2 checkpoint(s) past step 32 in $dir as set-aside-ckpt-\*" auto.out ||
+      fail "no line saying that ckpt-48 and ckpt-64 were set aside"
+    [ -e "$dir/set-aside-ckpt-00000064.safetensors" ] && [ -e "$dir/set-aside-ckpt-00000048.safetensors" ] ||
+      fail "the checkpoints passed over were not renamed: $(ls "$dir")"
+    [ "$(basename "$(newest run)")" = ckpt-00000128.safetensors ] || fail "the resumed run's last checkpoint is $(newest run)"
 
     # An explicit PATH to a damaged file: non-zero exit, one line naming the file and the problem.
     cp "$dir/ckpt-00000032.safetensors" good.safetensors
@@ -181,7 +190,22 @@ case "$CASE" in
     RUN=(mnist_mlp.json --set data.max_train_samples=8192 --set data.batch_size=64 --set training.epochs=2)
     train 2 straight "${RUN[@]}"
     RUN_DIR=two_then_one train 2 two_then_one_a "${RUN[@]}" --set training.max_steps=80
+    # Mid-epoch, another seed would draw another permutation for the rest of the epoch: refused.
+    RUN_DIR=two_then_one launch 1 other_seed "${RUN[@]}" --set seed=7 \
+      --resume "$SCRATCH/two_then_one/checkpoints/ckpt-00000080.safetensors"
+    [ "$RC" -ne 0 ] || fail "a mid-epoch resume with another seed was accepted"
+    grep -q "written mid-epoch (sample 2048 of epoch 2) by a run that sampled otherwise: seed 42 then, 7 now" \
+      other_seed.err || fail "the error does not name the seed: $(cat other_seed.err)"
     RUN_DIR=two_then_one train 1 two_then_one_b "${RUN[@]}" --resume auto
+    # 129 samples in batches of 64 on one rank, stopped after step 2: one sample left in the epoch,
+    # too few for 2 ranks, each of which needs one. Refused, rather than failing in the step.
+    near_end=(mnist_mlp.json --set data.max_train_samples=129 --set data.batch_size=64 --set training.epochs=1)
+    train 1 near_end "${near_end[@]}" --set training.max_steps=2
+    RUN_DIR=near_end_two launch 2 near_end_two "${near_end[@]}" \
+      --resume "$SCRATCH/near_end/checkpoints/ckpt-00000002.safetensors"
+    [ "$RC" -ne 0 ] || fail "a resume with fewer samples left in the epoch than ranks was accepted"
+    grep -q "its position leaves 1 sample(s) of epoch 1, fewer than the 2 ranks of this run" near_end_two.err ||
+      fail "the refusal does not say why: $(cat near_end_two.err)"
     RUN_DIR=one_then_two train 1 one_then_two_a "${RUN[@]}" --set training.max_steps=160
     RUN_DIR=one_then_two train 2 one_then_two_b "${RUN[@]}" --resume auto
     grep -h "resuming from" two_then_one_b.out one_then_two_b.out | sed 's/^/    /'

@@ -146,6 +146,11 @@ TEST_F(CheckpointFiles, NamesSortByStepAndListingIsNewestFirst) {
   for (int64_t step : {40, 7, 123456789, 300}) write(step);
   std::ofstream(dir_ / "notes.txt") << "not a checkpoint";
   std::ofstream(dir_ / ".ckpt-00000500.safetensors.tmp") << "an interrupted write";
+  // Past int64: no step of this trainer's, so not one of its checkpoints (it once threw "stoll").
+  std::ofstream(dir_ / "ckpt-99999999999999999999.safetensors") << "a stray file";
+  EXPECT_EQ(checkpoint_step_of("ckpt-00001234.safetensors"), 1234);
+  EXPECT_EQ(checkpoint_step_of("ckpt-99999999999999999999.safetensors"), std::nullopt);
+  EXPECT_EQ(checkpoint_step_of("model.safetensors"), std::nullopt);
   const std::vector<std::string> listed = list_checkpoints(dir_.string());
   EXPECT_EQ(listed, (std::vector<std::string>{path(123456789), path(300), path(40), path(7)}));
   EXPECT_TRUE(list_checkpoints((dir_ / "absent").string()).empty());
@@ -364,6 +369,30 @@ TEST_F(CheckpointFiles, AFailedWriteNamesTheFileAndReasonAndLeavesNoTempFile) {
   EXPECT_EQ(list_checkpoints(dir_.string()), std::vector<std::string>{first});
 }
 
+// A resumed run sets aside the checkpoints past its step: rolled back with --resume PATH, their
+// higher steps would outrank its own (pruning keeps the highest; --resume auto takes the highest).
+// Renamed, not removed: --resume auto may have passed over them for a setting that can be put back.
+TEST_F(CheckpointFiles, AResumedRunSetsAsideTheCheckpointsPastItsStep) {
+  for (int64_t step : {10, 20, 30, 40}) write(step);
+  const CheckpointConfig config{.dir = dir_.string(), .every_epochs = 0, .every_steps = 10, .keep = 3};
+  Checkpoints checkpoints(config, /*rank=*/0, InjectedFault{});
+  const std::string line = checkpoints.set_aside_after(20);
+  EXPECT_NE(line.find("set aside 2 checkpoint(s) past step 20 in " + dir_.string()), std::string::npos)
+      << line;
+  EXPECT_EQ(list_checkpoints(dir_.string()), (std::vector<std::string>{path(20), path(10)}));
+  for (int64_t step : {30, 40})
+    EXPECT_EQ(
+        read_checkpoint((dir_ / ("set-aside-" + checkpoint_file_name(step))).string()).position.global_step,
+        sample_data().position.global_step);
+  EXPECT_EQ(checkpoints.set_aside_after(20), "") << "none past it: nothing to say";
+  // The resumed run's own checkpoints then survive pruning.
+  CheckpointData data = sample_data();
+  data.position.global_step = 25;
+  checkpoints.save(data);
+  EXPECT_FALSE(checkpoints.last_write_failed());
+  EXPECT_EQ(list_checkpoints(dir_.string()), (std::vector<std::string>{path(25), path(20), path(10)}));
+}
+
 // checkpoint.on_error: "stop" throws (the job stops with a failure status), "warn" returns and
 // training goes on; either way earlier checkpoints stay and nothing partial is left.
 TEST_F(CheckpointFiles, OnErrorStopThrowsAndWarnGoesOn) {
@@ -395,6 +424,8 @@ TEST_F(CheckpointFiles, OnErrorStopThrowsAndWarnGoesOn) {
     const std::string warning = testing::internal::GetCapturedStderr();
     EXPECT_NE(warning.find("warning: checkpoint of step 30 not written"), std::string::npos) << warning;
     EXPECT_NE(warning.find("the next checkpoint tries again"), std::string::npos) << warning;
+    EXPECT_TRUE(warn.last_write_failed());
+    EXPECT_FALSE(warn.due_at_end(30)) << "every rank counts it as written: the same schedule on all";
   }
   // keep 1 pruned nothing on the failures: the step-10 checkpoint is the one left, whole.
   EXPECT_EQ(list_checkpoints(dir_.string()), std::vector<std::string>{path(10)});

@@ -16,10 +16,12 @@
 #   checkpoint_full_disk  checkpoint.dir on a 1 MiB tmpfs that holds one checkpoint, not two:
 #                         on_error "stop" ends the run with one line naming the file and ENOSPC, the
 #                         first checkpoint still loads and no temp file is left; "warn" finishes
-#                         (needs root to mount the tmpfs; skipped otherwise); then the tmpfs
-#                         read-only: the run stops at start naming it and EROFS
+#                         (needs root to mount the tmpfs; skipped otherwise), and stopped by
+#                         SIGUSR1 with the disk full it exits 75 saying that no checkpoint was
+#                         written; then the tmpfs read-only: the run stops at start naming it and EROFS
 #   output_dir_lock       a second trainer on a running job's output_dir stops at start naming the
-#                         holder; once the holder is SIGKILLed, a third takes the lock over, saying so
+#                         holder, and so does one whose checkpoint.dir is the holder's; once the
+#                         holder is SIGKILLed, a third takes the lock over, saying so
 source "$(dirname "$0")/../e2e_common.sh"
 need_mnist
 
@@ -169,6 +171,26 @@ case "$CASE" in
     [ "$warnings" -ge 1 ] || fail "on_error warn printed no warning"
     echo "  on_error warn: finished with $warnings checkpoint warning(s); $(ls "$small" | tr '\n' ' ')"
     [ "$(ls -A "$small" | grep -c tmp)" -eq 0 ] || fail "a temp file was left: $(ls -A "$small")"
+    # "warn" and a stop whose checkpoint cannot be written (the disk filled beforehand): the stop
+    # still ends with 75, for a requeue, but says that no checkpoint was written, as stopped.json does.
+    rm -f "$small"/ckpt-*
+    head -c 1000000 /dev/zero >"$small/filler"
+    DPTRAIN_INJECT_FAULT=0:0:slow:200 RUN_DIR=warn_stop start 2 warn_stop "${MLP[@]}" --set checkpoint.on_error=warn
+    deadline=$((SECONDS + 60))
+    until grep -q "warning: checkpoint of step 10 not written" warn_stop.err 2>/dev/null; do
+      [ $SECONDS -lt $deadline ] || fail "no warning for step 10's checkpoint: $(cat warn_stop.err)"
+      sleep 0.05
+    done
+    STAMP=$(date +%s.%N)
+    kill -USR1 "$PID"
+    finish warn_stop
+    grep "stopped by" warn_stop.err | sed 's/^/    /'
+    [ "$RC" -eq 75 ] || fail "expected exit status 75, got $RC"
+    grep -q "its checkpoint could NOT be written (see above); no checkpoint to resume from" warn_stop.err ||
+      fail "the stop line does not say that its checkpoint was not written"
+    grep -q '"checkpoint":null,"checkpoint_written":false' "$SCRATCH/warn_stop/stopped.json" ||
+      fail "stopped.json does not say that no checkpoint was written: $(cat "$SCRATCH/warn_stop/stopped.json")"
+    rm -f "$small/filler"
     # The same file system read-only: the run stops at start, where rank 0 locks checkpoint.dir.
     mount -o remount,ro "$small" || fail "could not remount the tmpfs read-only"
     launch 2 read_only "${MLP[@]}"
@@ -194,6 +216,14 @@ case "$CASE" in
     grep -q "dptrain: error on rank 0: $SCRATCH/run is in use by another dptrain job (host .*, pid $holder, started " second.err ||
       fail "the refusal does not name the holder"
     ! grep -q "SIGTERM: stopping" second.err || fail "rank 1 announced a stop on Open MPI's SIGTERM before its first step"
+    # A run of its own output_dir that names the holder's checkpoints as its checkpoint.dir: its fresh
+    # start would remove them. The holder locked its checkpoint.dir too, inside its output_dir.
+    RUN_DIR=other launch 1 borrower "${RUN[@]}" --set "checkpoint.dir=\"$SCRATCH/run/checkpoints\""
+    [ "$RC" -ne 0 ] || fail "a run on the holder's checkpoint.dir was let in"
+    grep -q "dptrain: error on rank 0: $SCRATCH/run/checkpoints is in use by another dptrain job (host .*, pid $holder" \
+      borrower.err || fail "the refusal does not name the checkpoint.dir and the holder: $(cat borrower.err)"
+    # (The holder prunes its own as it goes: that a given file is still there proves nothing.)
+    ! grep -q "starting fresh: removed" borrower.out || fail "the refused run removed the holder's checkpoints"
     kill -9 "$holder"
     wait "$holder" 2>/dev/null || true
     # The third finishes epoch 1 (the sanitizer build: stops at once, the step limit already reached).
@@ -203,7 +233,8 @@ case "$CASE" in
     grep -h "no longer running" third.err | sed 's/^/    /'
     grep -q "$SCRATCH/run was locked by a job that is no longer running (host .*, pid $holder, .*); taking it over" third.err ||
       fail "the dead holder's lock was not taken over with a message"
-    [ ! -e "$SCRATCH/run/.dptrain.lock" ] || fail "the lock file outlived the run"
+    [ ! -e "$SCRATCH/run/.dptrain.lock" ] && [ ! -e "$SCRATCH/run/checkpoints/.dptrain.lock" ] ||
+      fail "a lock file outlived the run"
     ;;
 
   *)
