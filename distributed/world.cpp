@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "core/error.h"
@@ -46,10 +47,21 @@ void check_mpi(int code, const char* call, const char* file, int line) {
     return;
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
-  MPI_Error_string(code, text, &length);
-  detail::throw_error(file, line,
-                      detail::concat(call, " failed on rank ", g_rank, ": ", std::string(text, length)));
+  const std::string why = MPI_Error_string(code, text, &length) == MPI_SUCCESS
+                              ? std::string(text, static_cast<std::size_t>(length))
+                              : "MPI error code " + std::to_string(code);
+  detail::throw_error(file, line, detail::concat(call, " failed on rank ", g_rank, ": ", why));
 }
+
+namespace {
+// At the end nothing can be thrown any more (a destructor, an abort): a failure is said on stderr.
+void finalize_mpi() {
+  if (MPI_Finalize() != MPI_SUCCESS)
+    std::fprintf(stderr,
+                 "dptrain: warning: MPI_Finalize failed on rank %d; its peers may not have ended cleanly\n",
+                 g_rank);
+}
+}  // namespace
 
 World::World(int* argc, char*** argv) {
   // The communication thread shares its rank's core with the compute thread (on CPUs a rank is one
@@ -87,7 +99,7 @@ std::string mpi_library_built_against() {
 }
 
 World::~World() {
-  MPI_Finalize();
+  finalize_mpi();
 }
 
 std::string World::broadcast_from_root(const std::string& text) const {
@@ -116,9 +128,14 @@ void World::exit_with_error(const char* program, const char* what, int exit_code
 }
 
 void World::abort(int exit_code) const {
-  if (size_ > 1) MPI_Abort(MPI_COMM_WORLD, exit_code);
+  if (size_ > 1) {
+    MPI_Abort(MPI_COMM_WORLD, exit_code);
+    // Returned: the abort failed. MPI_Finalize would wait for the peers; this rank at least ends.
+    std::fprintf(stderr, "dptrain: MPI_Abort failed on rank %d; this rank exits alone\n", rank_);
+    std::_Exit(exit_code);
+  }
   // A world of one needs no abort (and Open MPI's singleton abort prints a page of noise).
-  MPI_Finalize();
+  finalize_mpi();
   std::exit(exit_code);
 }
 

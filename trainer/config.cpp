@@ -337,7 +337,8 @@ void declare_distributed(SectionBuilder<Config, DistributedConfig> d) {
   d.field("overlap", &D::overlap, true, Any{}, "Start each bucket's allreduce during backward.");
   d.field("compression", &D::compression, "none", Choices{distributed::compression_names},
           "`fp16`, `bf16`: a half-precision sum; `fp64`: a double-precision sum, independent of MPI's "
-          "order (CPU); `powersgd`: low-rank factors with error feedback (CPU).");
+          "order where an element's terms lie within 2^(29 - log2 N) of each other (CPU); `powersgd`: "
+          "low-rank factors with error feedback (CPU).");
   d.field("gradient_sync", &D::gradient_sync, "auto", Choices{gradient_sync_choices},
           "How gradients are averaged: `auto` runs `exact_sum` in deterministic mode, the strategy "
           "`compression` names (`powersgd`), else `allreduce` in the compression's wire encoding.");
@@ -353,8 +354,8 @@ void declare_distributed(SectionBuilder<Config, DistributedConfig> d) {
   d.field("broadcast_buffers", &D::broadcast_buffers, true, Any{},
           "Without SyncBN: rank 0's BatchNorm buffers to every rank before each step (DDP's default).");
   d.field("shared_memory", &D::shared_memory, true, Any{},
-          "Ranks that share a host reduce gradients in one shared-memory segment, without copies (CPU); "
-          "false: through MPI.");
+          "When every rank runs on one host, gradients are reduced in one shared-memory segment, "
+          "without copies (CPU); false, or ranks on several hosts: through MPI.");
   d.field("deterministic", &D::deterministic, false, Any{},
           "The same bits on any number of ranks and threads.");
   d.field("deterministic_micro_batch", &D::deterministic_micro_batch, 32, Range{1, 1 << 30},

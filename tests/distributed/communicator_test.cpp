@@ -93,8 +93,8 @@ TEST(World, OpenMpiYieldsWhileWaiting) {
   uint64_t yield_when_idle = 0;  // little-endian: a narrower value lands in the low bytes
   EXPECT_EQ(MPI_T_cvar_read(handle, &yield_when_idle), MPI_SUCCESS);
   EXPECT_EQ(yield_when_idle, 1u);
-  MPI_T_cvar_handle_free(&handle);
-  MPI_T_finalize();
+  EXPECT_EQ(MPI_T_cvar_handle_free(&handle), MPI_SUCCESS);
+  EXPECT_EQ(MPI_T_finalize(), MPI_SUCCESS);
 }
 
 TEST(Communicator, AllreduceFloatSumAndAverage) {

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 
+#include "distributed/mpi_check.h"
 #include "distributed/world.h"
 
 namespace dptrain::distributed::test {
@@ -50,7 +51,7 @@ int main(int argc, char** argv) {
     listeners.Append(new dptrain::distributed::test::RankFailurePrinter(world.rank()));
   }
   int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  DPTRAIN_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
   if (failed && world.rank() == 0 && world.size() > 1)
     std::fprintf(stderr, "distributed_tests: a failure on at least one rank (see [rank N] lines)\n");
   return failed;

@@ -16,6 +16,7 @@
 #include "core/parameters.h"
 #include "core/tensor.h"
 #include "distributed/communicator.h"
+#include "distributed/mpi_check.h"
 #include "distributed/reducer.h"
 #include "distributed/world.h"
 #include "tests/test_util.h"
@@ -34,22 +35,22 @@ inline int size() {
 // Rank 0's copy of `values`, obtained with a plain MPI_Bcast (not the Communicator under test).
 inline std::vector<float> root_copy(std::span<const float> values) {
   std::vector<float> out(values.begin(), values.end());
-  MPI_Bcast(out.data(), static_cast<int>(out.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  DPTRAIN_MPI_CHECK(MPI_Bcast(out.data(), static_cast<int>(out.size()), MPI_FLOAT, 0, MPI_COMM_WORLD));
   return out;
 }
 
 // Every rank's copy of `values`, concatenated in rank order, with a plain MPI_Allgather.
 inline std::vector<float> gather_all(std::span<const float> values) {
   std::vector<float> out(values.size() * static_cast<std::size_t>(size()));
-  MPI_Allgather(values.data(), static_cast<int>(values.size()), MPI_FLOAT, out.data(),
-                static_cast<int>(values.size()), MPI_FLOAT, MPI_COMM_WORLD);
+  DPTRAIN_MPI_CHECK(MPI_Allgather(values.data(), static_cast<int>(values.size()), MPI_FLOAT, out.data(),
+                                  static_cast<int>(values.size()), MPI_FLOAT, MPI_COMM_WORLD));
   return out;
 }
 
 // True on every rank iff `local` is true on every rank.
 inline bool all_ranks(bool local) {
   int v = local ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  DPTRAIN_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
   return v == 1;
 }
 

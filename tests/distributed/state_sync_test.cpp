@@ -79,7 +79,7 @@ uint64_t fnv1a(const std::vector<NamedTensor>& tensors) {
 
 std::vector<uint64_t> gather_u64(uint64_t v) {
   std::vector<uint64_t> all(test::size());
-  MPI_Allgather(&v, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
+  DPTRAIN_MPI_CHECK(MPI_Allgather(&v, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD));
   return all;
 }
 
