@@ -9,6 +9,7 @@
 #include <thread>
 #include <utility>
 
+#include "core/error.h"
 #include "core/timeline.h"
 
 namespace dptrain::distributed {
@@ -71,18 +72,26 @@ CommunicationThread::CommunicationThread(Guard guard) : guard_(std::move(guard))
 
 CommunicationThread::~CommunicationThread() {
   if (!state_) return;
-  bool idle;
+  bool running;
   {
     std::lock_guard lock(state_->mutex);
     state_->stop = true;  // the thread starts no job after this
-    idle = !state_->busy && state_->queue.empty();
+    running = state_->busy;
   }
   state_->has_work.notify_all();
-  if (idle) {
-    state_->thread.join();
-  } else {
+  if (running) {
     state_->thread.detach();
+  } else {
+    state_->thread.join();
   }
+}
+
+void CommunicationThread::abandon_queued(std::chrono::milliseconds grace) {
+  if (!state_) return;
+  std::unique_lock lock(state_->mutex);
+  state_->stop = true;
+  state_->has_work.notify_all();
+  state_->finished.wait_for(lock, grace, [&] { return !state_->busy; });
 }
 
 Pending CommunicationThread::enqueue(std::string what, std::string timeline_name, std::function<void()> run) {
@@ -110,7 +119,13 @@ void CommunicationThread::wait(Pending& pending) {
     std::this_thread::yield();
   if (!job->done.load(std::memory_order_acquire)) {
     std::unique_lock lock(state_->mutex);
-    state_->finished.wait(lock, [&] { return job->done.load(std::memory_order_acquire); });
+    // Abandoned (abandon_queued), a job that has not run never will.
+    state_->finished.wait(lock, [&] { return job->done.load(std::memory_order_acquire) || state_->stop; });
+    if (!job->done.load(std::memory_order_acquire)) {
+      if (state_->busy) state_->finished.wait(lock, [&] { return !state_->busy; });
+      DPTRAIN_CHECK(job->done.load(std::memory_order_acquire), job->what,
+                    ": abandoned before it ran (the communicator's owner is stopping after an error)");
+    }
   }
   if (job->error) std::rethrow_exception(job->error);
 }
@@ -118,7 +133,7 @@ void CommunicationThread::wait(Pending& pending) {
 void CommunicationThread::drain() {
   if (!state_) return;
   std::unique_lock lock(state_->mutex);
-  state_->finished.wait(lock, [&] { return !state_->busy && state_->queue.empty(); });
+  state_->finished.wait(lock, [&] { return !state_->busy && (state_->queue.empty() || state_->stop); });
 }
 
 }  // namespace dptrain::distributed

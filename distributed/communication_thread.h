@@ -1,6 +1,7 @@
 // CommunicationThread: one thread that runs a communicator's collectives in submission order.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -17,9 +18,10 @@ class CommunicationThread {
   // Runs a job: `guard` may wrap it (the stall watchdog's watch).
   using Guard = std::function<void(const std::string& what, const std::function<void()>& run)>;
   explicit CommunicationThread(Guard guard = {});
-  // Joins the thread when it is idle. Busy, the owner is unwinding from an error with a collective
-  // that may never return, and an abort is coming: the jobs not yet started are dropped, since the
-  // buffers they name are freed next, and the thread is left to end the one in flight on its own.
+  // Starts no job after this one; jobs still queued are dropped. Joins the thread when it is not
+  // running a job. Running one, the owner is unwinding from an error with a collective that may
+  // never return, and an abort is coming: the thread is left to end it on its own. Either way the
+  // ranks may now disagree on which collectives ran: no collective may follow.
   ~CommunicationThread();
   CommunicationThread(const CommunicationThread&) = delete;
   CommunicationThread& operator=(const CommunicationThread&) = delete;
@@ -30,6 +32,9 @@ class CommunicationThread {
   void wait(Pending& pending);
   // Waits until every job queued so far has run.
   void drain();
+  // Communicator::abandon_queued: no queued job starts from here on; waits up to `grace` for the one
+  // running, if any.
+  void abandon_queued(std::chrono::milliseconds grace);
 
  private:
   struct State;

@@ -5,6 +5,7 @@
 // order, and a buffer may be touched again only after wait().
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -150,6 +151,11 @@ class Communicator {
   }
   // Rethrows the collective's error, if any.
   virtual void wait(Pending& pending) = 0;
+  // For an owner unwinding from an error, before it frees the buffers of collectives it started and
+  // did not wait for: none of them that is still queued starts from here on, and one running is
+  // given up to `grace` to end (its peers may never join it: an abort is coming). No collective may
+  // follow; the process is to abort.
+  virtual void abandon_queued(std::chrono::milliseconds /*grace*/) {}
 
   // Synchronous, after every asynchronous collective submitted before has completed.
   template <typename T>

@@ -343,6 +343,10 @@ void MpiCommunicator::drain() {
   thread_->drain();
 }
 
+void MpiCommunicator::abandon_queued(std::chrono::milliseconds grace) {
+  thread_->abandon_queued(grace);
+}
+
 void MpiCommunicator::allreduce_elements(void* data, std::size_t count, DataType type, ReduceOp op,
                                          const std::string& what) {
   if (size_ == 1 || count == 0) return;

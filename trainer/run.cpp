@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -43,7 +44,12 @@ namespace {
 // checkpoint.dir, and its fresh start would then remove this run's checkpoints.
 std::vector<std::string> run_directories(const Config& c) {
   namespace fs = std::filesystem;
-  if (fs::weakly_canonical(c.output_dir) == fs::weakly_canonical(c.checkpoint.dir)) return {c.output_dir};
+  // "run" and "run/": one directory (a second lock on it would find this very run holding it).
+  const auto key = [](const std::string& dir) {
+    const fs::path p = fs::weakly_canonical(dir);
+    return p.has_filename() ? p : p.parent_path();
+  };
+  if (key(c.output_dir) == key(c.checkpoint.dir)) return {c.output_dir};
   return {c.output_dir, c.checkpoint.dir};
 }
 
@@ -290,7 +296,11 @@ Trainer::Trainer(const Config& config, const distributed::World& world)
   train_metrics_ = std::make_unique<StepMetrics>(device_, config.model.loss == LossKind::kCrossEntropy);
 }
 
-Trainer::~Trainer() = default;
+// Unwinding from an error, the members below free the gradient buffers that queued collectives name
+// before comm_, declared first, goes: none of those may start, and one running gets a second to end.
+Trainer::~Trainer() {
+  if (std::uncaught_exceptions() > 0) comm_->abandon_queued(std::chrono::seconds(1));
+}
 
 void Trainer::start(const RunOptions& options) {
   if (world_.is_root()) {

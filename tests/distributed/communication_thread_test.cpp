@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/error.h"
+
 namespace dptrain::distributed {
 namespace {
 
@@ -53,7 +55,7 @@ TEST(CommunicationThread, WaitRethrowsWhatTheJobThrewAndTheThreadGoesOn) {
   EXPECT_TRUE(ran);
 }
 
-TEST(CommunicationThread, DestroyedIdleItJoinsWithEveryJobRun) {
+TEST(CommunicationThread, DrainRunsEveryQueuedJob) {
   auto ran = std::make_shared<std::atomic<int>>(0);
   {
     CommunicationThread thread;
@@ -86,6 +88,35 @@ TEST(CommunicationThread, DestroyedBusyItDropsTheJobsNotYetStarted) {
   while (!finished->load()) std::this_thread::yield();
   // Had the queued job not been dropped, it would start within microseconds of the first's end.
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(queued_ran->load());
+}
+
+// An owner unwinding from an error abandons the queue before freeing the buffers (Trainer's
+// destructor): the running job gets the grace, the queued ones never start, and a wait for one of
+// them says so instead of hanging.
+TEST(CommunicationThread, AbandonedItStartsNoQueuedJobAndAWaitForOneSaysSo) {
+  auto release = std::make_shared<std::promise<void>>();
+  auto released = release->get_future().share();
+  auto started = std::make_shared<std::atomic<bool>>(false),
+       queued_ran = std::make_shared<std::atomic<bool>>(false);
+  CommunicationThread thread;
+  Pending running = thread.enqueue("running", "", [=] {
+    started->store(true);
+    released.wait();
+  });
+  Pending queued = thread.enqueue("queued collective", "", [=] { queued_ran->store(true); });
+  while (!started->load()) std::this_thread::yield();
+  thread.abandon_queued(std::chrono::milliseconds(20));  // the running job outlasts the grace
+  release->set_value();
+  thread.wait(running);
+  try {
+    thread.wait(queued);
+    ADD_FAILURE() << "waiting for an abandoned job returned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("queued collective: abandoned before it ran"), std::string::npos)
+        << e.what();
+  }
+  thread.drain();  // returns: nothing will run
   EXPECT_FALSE(queued_ran->load());
 }
 
