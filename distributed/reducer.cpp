@@ -226,26 +226,41 @@ void GradientReducer::gather_parameters() {
                     "all-gather of the updated parameters at step " + std::to_string(step_));
 }
 
-void GradientReducer::agree_on_finite(const std::string& culprit) {
+std::string GradientReducer::describe(NonFinite found) const {
+  return "non-finite averaged gradient in " +
+         parameters_.parameters()[static_cast<std::size_t>(found.parameter)].name + " (bucket " +
+         std::to_string(found.bucket) + ") at step " + std::to_string(step_) +
+         "; not applied. Lower optimizer.lr" + encoding_.overflow_hint;
+}
+
+void GradientReducer::agree_on_finite(NonFinite found) {
   if (non_finite_flag_) {  // a device: the flags' maximum, without waiting on the host
     Pending pending = comm_.start_allreduce_elements(non_finite_flag_->as<int32_t>(), 1, DataType::kI32,
                                                      ReduceOp::kMax, "agreement on finite gradients", {});
     comm_.wait(pending);
     return;
   }
-  int32_t found_on = culprit.empty() ? 0 : comm_.rank() + 1;
-  comm_.allreduce(std::span<int32_t>(&found_on, 1), ReduceOp::kMax,
+  // (rank + 1, bucket, parameter) in one integer: the maximum is the highest rank's finding, whole, so
+  // that every rank can name the parameter (the others would know only whose shard it was in).
+  constexpr int kFieldBits = 24;
+  constexpr int64_t kField = int64_t{1} << kFieldBits;
+  DPTRAIN_CHECK(static_cast<int64_t>(buckets_.size()) < kField &&
+                    static_cast<int64_t>(parameters_.parameters().size()) < kField,
+                "the finiteness agreement encodes buckets and parameters in ", kFieldBits, " bits each");
+  int64_t encoded = found.parameter < 0 ? 0
+                                        : ((int64_t{comm_.rank()} + 1) << (2 * kFieldBits)) |
+                                              (found.bucket << kFieldBits) | found.parameter;
+  comm_.allreduce(std::span<int64_t>(&encoded, 1), ReduceOp::kMax,
                   "agreement on finite gradients at step " + std::to_string(step_));
-  if (found_on == 0) return;
-  DPTRAIN_CHECK(culprit.empty(), culprit);
-  DPTRAIN_FAIL("non-finite averaged gradient at step ", step_, " in rank ", found_on - 1,
-               "'s shard of the gradients (distributed.shard_optimizer); not applied. Lower optimizer.lr",
-               encoding_.overflow_hint);
+  if (encoded == 0) return;
+  const NonFinite agreed{(encoded >> kFieldBits) & (kField - 1), encoded & (kField - 1)};
+  DPTRAIN_FAIL(describe(agreed), " (found in rank ", (encoded >> (2 * kFieldBits)) - 1,
+               "'s shard of the gradients, distributed.shard_optimizer)");
 }
 
 void GradientReducer::finish() {
   armed_ = false;
-  std::string culprit;  // the first non-finite average this rank found
+  NonFinite found;  // the first non-finite average this rank found
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     if (comm_.size() > 1) {
       // What backward did not launch (overlap off, or parameters that got no gradient) goes now, in
@@ -273,25 +288,23 @@ void GradientReducer::finish() {
         backend_.mark_non_finite(g, r.numel, non_finite_flag_->as<int32_t>(), marker);
         continue;
       }
-      if (!culprit.empty() || backend_.all_finite(g, r.numel)) continue;
+      if (found.parameter >= 0 || backend_.all_finite(g, r.numel)) continue;
       // Name the culprit: the bucket's parameters one by one, where this rank holds the average.
       for (std::size_t k : buckets_[b].parameters) {
         const int64_t first = std::max(r.offset, parameters_.offset(k)),
                       end = std::min(r.end(),
                                      parameters_.offset(k) + parameters_.parameters()[k].tensor.numel());
         if (first < end && !backend_.all_finite(parameters_.grads().data_ptr() + first, end - first)) {
-          culprit = "non-finite averaged gradient in " + parameters_.parameters()[k].name + " (bucket " +
-                    std::to_string(b) + ") at step " + std::to_string(step_) +
-                    "; not applied. Lower optimizer.lr" + encoding_.overflow_hint;
+          found = {static_cast<int64_t>(b), static_cast<int64_t>(k)};
           break;
         }
       }
     }
   }
   if (shard_ && options_.check_finite && comm_.size() > 1)
-    agree_on_finite(culprit);
+    agree_on_finite(found);
   else
-    DPTRAIN_CHECK(culprit.empty(), culprit);
+    DPTRAIN_CHECK(found.parameter < 0, describe(found));
   // The next step may skip prepare() (no overlap): nothing counts as launched then.
   std::fill(launched_.begin(), launched_.end(), false);
   std::fill(tested_in_sum_.begin(), tested_in_sum_.end(), false);

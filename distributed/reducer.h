@@ -93,9 +93,14 @@ class GradientReducer {
   void launch_reduce_scatter(std::size_t bucket, void* wire, bool async);
   // This rank's chunk and the tail of a bucket (the ranges finish() completes), or the whole bucket.
   std::vector<FlatRange> completed_ranges(std::size_t bucket) const;
-  // With `shard`, after the local checks: every rank learns whether any rank's chunks were not
-  // finite; throws if so.
-  void agree_on_finite(const std::string& culprit);
+  // The first non-finite average a rank found: its bucket and parameter (-1: none).
+  struct NonFinite {
+    int64_t bucket = -1, parameter = -1;
+  };
+  std::string describe(NonFinite found) const;  // the error that names it
+  // With `shard`, after the local checks: every rank learns the highest rank that found a
+  // non-finite average in its chunks, and what it found; all of them throw naming it.
+  void agree_on_finite(NonFinite found);
   std::span<float> window(std::size_t bucket) const;
   std::string label(std::size_t bucket) const { return labels_[bucket] + std::to_string(step_); }
   void* wire_window(std::size_t bucket) const;

@@ -24,6 +24,7 @@ namespace fs = std::filesystem;
 
 const std::regex kCheckpointName(R"(ckpt-(\d+)\.safetensors)");
 const std::regex kTempName(R"(\.ckpt-\d+\.safetensors\.tmp)");
+const std::regex kSetAsideName(R"(set-aside-.+-ckpt-\d+\.safetensors)");
 
 std::string hex32(uint32_t v) {
   char text[9];
@@ -140,12 +141,16 @@ void write_file_durably(const std::string& path, const std::vector<char>& bytes,
     throw;
   }
   // The rename itself is durable only once the directory entry is on disk.
+  sync_directory(dir.string());
+}
+
+void sync_directory(const std::string& dir) {
   const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   const int synced = dir_fd < 0 ? -1 : ::fsync(dir_fd);
   const int error = errno;
   if (dir_fd >= 0) ::close(dir_fd);
-  DPTRAIN_CHECK(synced == 0, "wrote ", path, " but could not fsync its directory ", dir.string(), ": ",
-                errno_text(error), "; the file may not survive a crash of this machine");
+  DPTRAIN_CHECK(synced == 0, "could not fsync the directory ", dir, ": ", errno_text(error),
+                "; what was just written or renamed in it may not survive a crash of this machine");
 }
 
 Checkpoint read_checkpoint(const std::string& path) {
@@ -245,6 +250,28 @@ void remove_checkpoint(const std::string& path) {
   fs::remove(path, ec);
   DPTRAIN_CHECK(!ec, path, ": cannot remove this checkpoint (", ec.message(),
                 "); check the permissions of its directory, or move it away");
+}
+
+std::string set_checkpoint_aside(const std::string& path, const std::string& stamp) {
+  const fs::path from(path);
+  const fs::path to = from.parent_path() / ("set-aside-" + stamp + "-" + from.filename().string());
+  std::error_code ec;
+  DPTRAIN_CHECK(!fs::exists(to, ec), path, ": cannot set it aside as ", to.string(),
+                ", which exists; move one of them away by hand");
+  fs::rename(from, to, ec);
+  DPTRAIN_CHECK(!ec, path, ": cannot rename it to ", to.string(), " (", ec.message(),
+                "); check the permissions of its directory, or move it away by hand");
+  return to.string();
+}
+
+std::vector<std::string> list_set_aside(const std::string& dir) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.is_regular_file() && std::regex_match(entry.path().filename().string(), kSetAsideName))
+      found.push_back(entry.path().string());
+  std::sort(found.begin(), found.end());
+  return found;
 }
 
 void prune_checkpoints(const std::string& dir, int64_t keep) {

@@ -80,6 +80,16 @@ std::vector<std::string> list_checkpoints(const std::string& dir);
 // Deletes a checkpoint file; throws naming it when it cannot.
 void remove_checkpoint(const std::string& path);
 
+// Renames checkpoint `path` to "set-aside-<stamp>-<its name>" beside it, out of the checkpoints'
+// names (list_checkpoints no longer sees it); <stamp> is the UTC time given, so that a second
+// rollback never overwrites what a first set aside. Throws naming the file when it cannot. Returns
+// the new path.
+std::string set_checkpoint_aside(const std::string& path, const std::string& stamp);
+// Checkpoints set aside in `dir` (set_checkpoint_aside).
+std::vector<std::string> list_set_aside(const std::string& dir);
+// fsync of a directory: renames and removals in it survive a crash of the machine.
+void sync_directory(const std::string& dir);
+
 // Deletes all but the newest `keep` checkpoints (keep 0: none deleted) and leftover temp files.
 void prune_checkpoints(const std::string& dir, int64_t keep);
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <vector>
 
@@ -68,33 +69,34 @@ std::string Checkpoints::save(const CheckpointData& data) {
 }
 
 std::string Checkpoints::clear_earlier() const {
-  const std::vector<std::string> earlier = list_checkpoints(config_.dir);
-  if (earlier.empty()) return "";
+  const std::vector<std::string> earlier = list_checkpoints(config_.dir),
+                                 set_aside = list_set_aside(config_.dir);
+  if (earlier.empty() && set_aside.empty()) return "";
   for (const std::string& path : earlier) remove_checkpoint(path);
-  return "dptrain: starting fresh: removed " + std::to_string(earlier.size()) +
-         " checkpoint(s) of an earlier run from " + config_.dir + " (--resume auto continues one instead)";
+  for (const std::string& path : set_aside) remove_checkpoint(path);
+  return "dptrain: starting fresh: removed " + std::to_string(earlier.size()) + " checkpoint(s)" +
+         (set_aside.empty() ? "" : " and " + std::to_string(set_aside.size()) + " set aside") +
+         " of an earlier run from " + config_.dir + " (--resume auto continues one instead)";
 }
 
 std::string Checkpoints::set_aside_after(int64_t global_step) const {
-  namespace fs = std::filesystem;
+  // One stamp for the whole resume: its files sort together, and a later rollback's never collide.
+  const std::time_t now = std::time(nullptr);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", std::gmtime(&now));
   int64_t moved = 0;
   for (const std::string& path : list_checkpoints(config_.dir)) {
-    const fs::path from(path);
-    const auto step = checkpoint_step_of(from.filename().string());
+    const auto step = checkpoint_step_of(std::filesystem::path(path).filename().string());
     if (!step || *step <= global_step) continue;
-    const fs::path to = from.parent_path() / (std::string(kSetAsidePrefix) + from.filename().string());
-    std::error_code ec;
-    fs::rename(from, to, ec);
-    DPTRAIN_CHECK(!ec, path, ": cannot rename it to ", to.string(), " (", ec.message(),
-                  "): this run goes on from step ", global_step,
-                  ", and the higher step would outrank its checkpoints; move it away by hand");
+    set_checkpoint_aside(path, stamp);
     ++moved;
   }
   if (moved == 0) return "";
+  sync_directory(config_.dir);
   return "dptrain: set aside " + std::to_string(moved) + " checkpoint(s) past step " +
-         std::to_string(global_step) + " in " + config_.dir + " as " + kSetAsidePrefix +
-         "ckpt-*: this run goes on from that step, and their higher steps would outrank its own (rename one "
-         "back to resume from it)";
+         std::to_string(global_step) + " in " + config_.dir + " as set-aside-" + stamp +
+         "-ckpt-*: this run goes on from that step, and their higher steps would outrank its own (rename one "
+         "back to resume from it; a fresh start removes them)";
 }
 
 std::optional<Checkpoint> Checkpoints::find(const std::string& which,

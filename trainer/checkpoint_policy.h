@@ -33,14 +33,14 @@ class Checkpoints {
   void resumed_at(int64_t global_step) { last_written_step_ = global_step; }
 
   // Rank 0 of a fresh start: removes an earlier run's checkpoints, whose higher step numbers would
-  // otherwise win a later --resume auto. Returns the line to report, "" when there were none.
+  // otherwise win a later --resume auto, and those it set aside. Returns the line to report, "" when
+  // there were none.
   std::string clear_earlier() const;
-  // Rank 0 of a resumed run: renames the checkpoints of steps past the one it resumed from (a run
-  // rolled back with --resume PATH, or ones --resume auto could not use) to kSetAsidePrefix + name,
-  // where their higher steps no longer outrank its own in pruning and in a later --resume auto.
-  // Returns the line to report, "" when there were none.
+  // Rank 0 of a resumed run: sets aside (set_checkpoint_aside) the checkpoints of steps past the one
+  // it resumed from (a run rolled back with --resume PATH, or ones --resume auto passed over), whose
+  // higher steps would outrank its own in pruning and in a later --resume auto. Returns the line to
+  // report, "" when there were none.
   std::string set_aside_after(int64_t global_step) const;
-  static constexpr const char* kSetAsidePrefix = "set-aside-";
   // Rank 0: whether the last save() failed to write ("warn" goes on without it).
   bool last_write_failed() const { return last_write_failed_; }
 

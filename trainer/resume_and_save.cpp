@@ -2,6 +2,7 @@
 // and the note a signal-stopped run leaves.
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 
@@ -121,7 +122,7 @@ void Trainer::write_stop_note(const std::string& why) const {
   const std::string checkpoint = config_.checkpoint.dir + "/" + checkpoint_file_name(position_.global_step);
   // With checkpoint.on_error "warn", the stop's checkpoint may have failed (the warning above says
   // why): --resume auto then continues from the newest one that was written.
-  const bool written = !checkpoints_.last_write_failed();
+  const bool written = !checkpoints_.last_write_failed() && std::filesystem::exists(checkpoint);
   const std::vector<std::string> on_disk = list_checkpoints(config_.checkpoint.dir);
   const std::string resumes_from = written ? checkpoint : on_disk.empty() ? "" : on_disk.front();
   const Json note = {{"stopped_by", why},
@@ -139,7 +140,7 @@ void Trainer::write_stop_note(const std::string& why) const {
   std::fflush(stdout);
   const std::string what_was_written =
       written ? "checkpoint " + checkpoint + " written"
-              : "its checkpoint could NOT be written (see above); " +
+              : "NO checkpoint of this step is in " + config_.checkpoint.dir + "; " +
                     (resumes_from.empty() ? "no checkpoint to resume from"
                                           : "--resume auto continues from " + resumes_from);
   // Open MPI's mpirun turns a SIGTERM or SIGINT sent to it into SIGTERM for the ranks, and exits 1.

@@ -44,6 +44,12 @@ while IFS=$'\t' read -r id file from to tests <&3; do
   [[ -z $id || $id == \#* ]] && continue
   if ((${#wanted[@]} > 0)) && [[ " ${wanted[*]} " != *" $id "* ]]; then continue; fi
   echo "== $id: $file =="
+  # A pattern that names no test would let every mutant survive unseen: the entry is broken.
+  if [[ $(ctest --test-dir "$build" -N -R "$tests" | sed -n 's/^Total Tests: //p') == 0 ]]; then
+    results+=("$(printf '%-42s %s' "$id" "NOT RUN: no ctest test matches $tests")")
+    broken=$((broken + 1))
+    continue
+  fi
   cp -p "$repo_root/$file" "$saved/original"
   current=$file
   if ! mutate "$repo_root/$file" "$from" "$to"; then
@@ -55,13 +61,6 @@ while IFS=$'\t' read -r id file from to tests <&3; do
   if ! cmake --build "$build" -j "${DPTRAIN_JOBS:-2}" >"$saved/build.log" 2>&1; then
     tail -5 "$saved/build.log"
     results+=("$(printf '%-42s %s' "$id" "NOT BUILT (a mutant must compile)")")
-    broken=$((broken + 1))
-    restore
-    continue
-  fi
-  # A pattern that names no test would let every mutant survive unseen: the entry is broken.
-  if [[ $(ctest --test-dir "$build" -N -R "$tests" | sed -n 's/^Total Tests: //p') == 0 ]]; then
-    results+=("$(printf '%-42s %s' "$id" "NOT RUN: no ctest test matches $tests")")
     broken=$((broken + 1))
     restore
     continue

@@ -139,9 +139,9 @@ case "$CASE" in
     echo "  --resume auto fell back to ckpt-00000032.safetensors"
     # The two it passed over are set aside: with their higher steps they would outrank the run's own.
     grep "set aside" auto.out | sed 's/^/    /'
-    grep -q "set aside 2 checkpoint(s) past step 32 in $dir as set-aside-ckpt-\*" auto.out ||
+    grep -q "set aside 2 checkpoint(s) past step 32 in $dir as set-aside-[0-9T]*Z-ckpt-\*" auto.out ||
       fail "no line saying that ckpt-48 and ckpt-64 were set aside"
-    [ -e "$dir/set-aside-ckpt-00000064.safetensors" ] && [ -e "$dir/set-aside-ckpt-00000048.safetensors" ] ||
+    [ "$(ls "$dir" | grep -c '^set-aside-[0-9T]*Z-ckpt-000000[46][48]\.safetensors$')" -eq 2 ] ||
       fail "the checkpoints passed over were not renamed: $(ls "$dir")"
     [ "$(basename "$(newest run)")" = ckpt-00000128.safetensors ] || fail "the resumed run's last checkpoint is $(newest run)"
 

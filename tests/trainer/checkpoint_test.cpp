@@ -373,24 +373,38 @@ TEST_F(CheckpointFiles, AFailedWriteNamesTheFileAndReasonAndLeavesNoTempFile) {
 // higher steps would outrank its own (pruning keeps the highest; --resume auto takes the highest).
 // Renamed, not removed: --resume auto may have passed over them for a setting that can be put back.
 TEST_F(CheckpointFiles, AResumedRunSetsAsideTheCheckpointsPastItsStep) {
-  for (int64_t step : {10, 20, 30, 40}) write(step);
+  const auto data_of_step = [](int64_t step) {
+    CheckpointData data = sample_data();
+    data.position.global_step = step;
+    return data;
+  };
+  for (int64_t step : {10, 20, 30, 40}) write(step, data_of_step(step));
   const CheckpointConfig config{.dir = dir_.string(), .every_epochs = 0, .every_steps = 10, .keep = 3};
   Checkpoints checkpoints(config, /*rank=*/0, InjectedFault{});
   const std::string line = checkpoints.set_aside_after(20);
-  EXPECT_NE(line.find("set aside 2 checkpoint(s) past step 20 in " + dir_.string()), std::string::npos)
+  EXPECT_NE(line.find("set aside 2 checkpoint(s) past step 20 in " + dir_.string() + " as set-aside-"),
+            std::string::npos)
       << line;
   EXPECT_EQ(list_checkpoints(dir_.string()), (std::vector<std::string>{path(20), path(10)}));
-  for (int64_t step : {30, 40})
-    EXPECT_EQ(
-        read_checkpoint((dir_ / ("set-aside-" + checkpoint_file_name(step))).string()).position.global_step,
-        sample_data().position.global_step);
+  const std::vector<std::string> aside = list_set_aside(dir_.string());
+  ASSERT_EQ(aside.size(), 2u);
+  std::vector<int64_t> steps;
+  for (const std::string& p : aside) steps.push_back(read_checkpoint(p).position.global_step);
+  std::sort(steps.begin(), steps.end());
+  EXPECT_EQ(steps, (std::vector<int64_t>{30, 40}));
   EXPECT_EQ(checkpoints.set_aside_after(20), "") << "none past it: nothing to say";
+  // Set aside again under the same stamp: refused rather than overwritten.
+  write(30, data_of_step(30));
+  const std::string stamp = fs::path(aside[0]).filename().string().substr(10, 16);
+  EXPECT_THROW(set_checkpoint_aside(path(30), stamp), Error);
+  fs::remove(path(30));
   // The resumed run's own checkpoints then survive pruning.
-  CheckpointData data = sample_data();
-  data.position.global_step = 25;
-  checkpoints.save(data);
+  checkpoints.save(data_of_step(25));
   EXPECT_FALSE(checkpoints.last_write_failed());
   EXPECT_EQ(list_checkpoints(dir_.string()), (std::vector<std::string>{path(25), path(20), path(10)}));
+  // A fresh start removes the set-aside ones too, and says so.
+  EXPECT_NE(checkpoints.clear_earlier().find("removed 3 checkpoint(s) and 2 set aside"), std::string::npos);
+  EXPECT_TRUE(list_set_aside(dir_.string()).empty());
 }
 
 // checkpoint.on_error: "stop" throws (the job stops with a failure status), "warn" returns and

@@ -186,7 +186,7 @@ case "$CASE" in
     finish warn_stop
     grep "stopped by" warn_stop.err | sed 's/^/    /'
     [ "$RC" -eq 75 ] || fail "expected exit status 75, got $RC"
-    grep -q "its checkpoint could NOT be written (see above); no checkpoint to resume from" warn_stop.err ||
+    grep -q "NO checkpoint of this step is in $small; no checkpoint to resume from" warn_stop.err ||
       fail "the stop line does not say that its checkpoint was not written"
     grep -q '"checkpoint":null,"checkpoint_written":false' "$SCRATCH/warn_stop/stopped.json" ||
       fail "stopped.json does not say that no checkpoint was written: $(cat "$SCRATCH/warn_stop/stopped.json")"
@@ -235,6 +235,9 @@ case "$CASE" in
       fail "the dead holder's lock was not taken over with a message"
     [ ! -e "$SCRATCH/run/.dptrain.lock" ] && [ ! -e "$SCRATCH/run/checkpoints/.dptrain.lock" ] ||
       fail "a lock file outlived the run"
+    # checkpoint.dir spelled as output_dir with a trailing slash is the same directory, locked once
+    # (a second lock on it would find this very run holding it).
+    RUN_DIR=same train 1 same "${RUN[@]}" --set training.max_steps=1 --set "checkpoint.dir=\"$SCRATCH/same/\""
     ;;
 
   *)
