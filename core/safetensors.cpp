@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_replacement.h"
 
 namespace dptrain::safetensors {
 namespace {
@@ -192,10 +193,9 @@ File parse(const std::vector<char>& bytes, const std::string& source) {
 void save(const std::string& path, const std::vector<NamedTensor>& tensors,
           const std::map<std::string, std::string>& metadata) {
   const std::vector<char> bytes = serialize(tensors, metadata);
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  DPTRAIN_CHECK(out, path, ": cannot open for writing (does the directory exist and is it writable?)");
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  DPTRAIN_CHECK(out.good(), path, ": write failed (disk full?)");
+  FileReplacement file(path);
+  file.out().write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  file.commit();
 }
 
 File load(const std::string& path) {

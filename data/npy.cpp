@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "core/file_replacement.h"
 #include "data/mapped_file.h"
 
 namespace dptrain::data {
@@ -277,12 +278,10 @@ void write_npy(const std::string& path, const std::string& descr, const std::vec
   DPTRAIN_CHECK(static_cast<uint64_t>(expected) == data.size(), path, ": shape ", shape_text(shape), " of ",
                 type->name, " needs ", expected, " data bytes, given ", data.size());
   const std::string header = npy_header(descr, shape);
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  DPTRAIN_CHECK(out, path, ": cannot open for writing (does the directory exist and is it writable?)");
-  out.write(header.data(), static_cast<std::streamsize>(header.size()));
-  out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
-  out.close();
-  DPTRAIN_CHECK(out.good(), path, ": write failed (disk full?)");
+  FileReplacement file(path);
+  file.out().write(header.data(), static_cast<std::streamsize>(header.size()));
+  file.out().write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+  file.commit();
 }
 
 namespace {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/file_replacement.h"
 #include "core/rng.h"
 #include "data/image_codec.h"
 #include "data/npy.h"
@@ -167,9 +168,9 @@ std::vector<std::string> folder_names(const Source& source, int64_t classes) {
 }
 
 void write_file(const fs::path& path, std::span<const uint8_t> bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  DPTRAIN_CHECK(out.good(), path.string(), ": cannot write (disk full? permissions?)");
+  FileReplacement file(path.string());
+  file.out().write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  file.commit();
 }
 
 void export_images(Source& source, const Options& o, const fs::path& split) {
@@ -208,7 +209,10 @@ void export_npy(Source& source, const fs::path& out, const std::string& split) {
   else
     x_shape.insert(x_shape.end(), shape.begin(), shape.end());
   const fs::path x_path = out / (split + "_x.npy");
-  std::ofstream x(x_path, std::ios::binary);
+  // The source may be the array being replaced (an npy export into its own folder): it keeps
+  // reading the old file until the rename.
+  FileReplacement x_file(x_path.string());
+  std::ofstream& x = x_file.out();
   const std::string header = data::npy_header("|u1", x_shape);
   x.write(header.data(), static_cast<std::streamsize>(header.size()));
   std::vector<uint8_t> pixels(static_cast<std::size_t>(numel));
@@ -219,7 +223,7 @@ void export_npy(Source& source, const fs::path& out, const std::string& split) {
     x.write(reinterpret_cast<const char*>(pixels.data()), static_cast<std::streamsize>(numel));
     if ((i & 1023) == 1023 || i + 1 == n) progress.at(i + 1);
   }
-  DPTRAIN_CHECK(x.good(), x_path.string(), ": cannot write (disk full? permissions?)");
+  x_file.commit();
   data::write_npy((out / (split + "_y.npy")).string(), "<i8", {n},
                   {reinterpret_cast<const uint8_t*>(labels.data()), labels.size() * sizeof(int64_t)});
 }
@@ -234,7 +238,8 @@ void export_cifar(Source& source, const fs::path& out, bool train) {
   std::vector<uint8_t> record(1 + 3072);
   for (int f = 0; f < files; ++f) {
     const fs::path path = out / (train ? "data_batch_" + std::to_string(f + 1) + ".bin" : "test_batch.bin");
-    std::ofstream file(path, std::ios::binary);
+    FileReplacement replacement(path.string());
+    std::ofstream& file = replacement.out();
     for (int64_t i = n * f / files; i < n * (f + 1) / files; ++i) {
       const int32_t label = source.read(i, record.data() + 1);
       DPTRAIN_CHECK(label >= 0 && label < 10, "export_dataset: label ", label, " of sample ", i,
@@ -242,7 +247,7 @@ void export_cifar(Source& source, const fs::path& out, bool train) {
       record[0] = static_cast<uint8_t>(label);
       file.write(reinterpret_cast<const char*>(record.data()), static_cast<std::streamsize>(record.size()));
     }
-    DPTRAIN_CHECK(file.good(), path.string(), ": cannot write (disk full? permissions?)");
+    replacement.commit();
     std::printf("%s: %lld records\n", path.c_str(),
                 static_cast<long long>(n * (f + 1) / files - n * f / files));
   }

@@ -46,11 +46,12 @@ bool same_file(int fd, const std::string& path) {
 
 }  // namespace
 
-DirectoryLock::DirectoryLock(const std::string& dir, const std::function<void(const std::string&)>& report)
+DirectoryLock::DirectoryLock(const std::string& dir, const std::string& key,
+                             const std::function<void(const std::string&)>& report)
     : path_(dir + "/.dptrain.lock") {
   std::error_code error;
   std::filesystem::create_directories(dir, error);
-  DPTRAIN_CHECK(!error, "cannot create the run directory ", dir, " (output_dir): ", error.message());
+  DPTRAIN_CHECK(!error, "cannot create the run directory ", dir, " (", key, "): ", error.message());
   while (true) {
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     DPTRAIN_CHECK(fd_ >= 0, "cannot create the lock file ", path_, ": ", errno_text(errno),
@@ -64,7 +65,7 @@ DirectoryLock::DirectoryLock(const std::string& dir, const std::function<void(co
                     holder.empty() ? "holder not yet recorded" : holder,
                     "); wait for it to end, stop it, or give this run another output_dir / checkpoint.dir");
       DPTRAIN_FAIL("cannot lock ", path_, ": ", errno_text(flock_error),
-                   " (a file system without flock? choose a local output_dir)");
+                   " (a file system without flock? choose a local ", key, ")");
     }
     // A job that just ended removed the file after we opened it: lock the new one instead.
     if (same_file(fd_, path_)) break;

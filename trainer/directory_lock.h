@@ -12,9 +12,10 @@ namespace dptrain::trainer {
 
 class DirectoryLock {
  public:
-  // Creates `dir` if needed and takes its lock, or throws naming the holder. `report` receives the
-  // line that says a dead job's lock was taken over.
-  DirectoryLock(const std::string& dir, const std::function<void(const std::string&)>& report);
+  // Creates `dir` if needed and takes its lock, or throws naming the holder and `key`, the config key
+  // that named the directory. `report` receives the line that says a dead job's lock was taken over.
+  DirectoryLock(const std::string& dir, const std::string& key,
+                const std::function<void(const std::string&)>& report);
   // Removes the lock file, then releases the lock.
   ~DirectoryLock();
   DirectoryLock(const DirectoryLock&) = delete;

@@ -39,18 +39,18 @@
 namespace dptrain::trainer {
 namespace {
 
-// The directories a run writes, each to be locked: output_dir, and checkpoint.dir unless it is the
-// same. A checkpoint.dir inside output_dir is locked too: another run may name it as its own
-// checkpoint.dir, and its fresh start would then remove this run's checkpoints.
-std::vector<std::string> run_directories(const Config& c) {
+// The directories a run writes, each to be locked, with the keys that name them: output_dir, and
+// checkpoint.dir unless it is the same. A checkpoint.dir inside output_dir is locked too: another run
+// may name it as its own checkpoint.dir, and its fresh start would then remove this run's checkpoints.
+std::vector<std::pair<std::string, std::string>> run_directories(const Config& c) {
   namespace fs = std::filesystem;
   // "run" and "run/": one directory (a second lock on it would find this very run holding it).
   const auto key = [](const std::string& dir) {
     const fs::path p = fs::weakly_canonical(dir);
     return p.has_filename() ? p : p.parent_path();
   };
-  if (key(c.output_dir) == key(c.checkpoint.dir)) return {c.output_dir};
-  return {c.output_dir, c.checkpoint.dir};
+  if (key(c.output_dir) == key(c.checkpoint.dir)) return {{c.output_dir, "output_dir"}};
+  return {{c.output_dir, "output_dir"}, {c.checkpoint.dir, "checkpoint.dir"}};
 }
 
 std::unique_ptr<layers::Sequential> build_model(const ModelConfig& m, uint64_t seed) {
@@ -618,8 +618,8 @@ TrainingResult train(const Config& config, const distributed::World& world, cons
   std::vector<std::unique_ptr<DirectoryLock>> locks;
   if (world.is_root()) {
     const auto report = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
-    for (const std::string& dir : run_directories(config))
-      locks.push_back(std::make_unique<DirectoryLock>(dir, report));
+    for (const auto& [dir, key] : run_directories(config))
+      locks.push_back(std::make_unique<DirectoryLock>(dir, key, report));
   }
   Trainer trainer(config, world);
   trainer.start(options);

@@ -5,7 +5,8 @@
 #   formats_e2e.sh CASE TRAINER SOURCE_DIR SCRATCH_DIR [MPIEXEC]
 #
 # Cases (exit 77 = skipped when data/mnist is absent):
-#   npy_matches_idx     MNIST exported as .npy trains to the same bytes as from its IDX files (np 2)
+#   npy_matches_idx     MNIST exported as .npy trains to the same bytes as from its IDX files (np 2);
+#                       exported again into its own folder, cut to 100 samples, it keeps them whole
 #   png_matches_idx     the IDX-trained weights evaluated on the PNG folder export and on IDX: the same
 #                       correct count and loss (PNG is lossless; the folder's order differs, the exact
 #                       sums do not); a JPEG (quality 90) folder trains, its accuracy printed
@@ -55,6 +56,17 @@ case "$CASE" in
     train 2 npy mnist_mlp.json "${DATA[@]}" --set 'data.dataset="npy"' --set "data.dir=\"$SCRATCH/npy\""
     cmp idx/model.safetensors npy/model.safetensors || fail "npy weights differ from IDX's"
     echo "  npy and IDX weights byte-identical: $(sha256sum <npy/model.safetensors | cut -c1-16)"
+    # Exported into its own folder, cut to 100 samples: the export reads the arrays it replaces, which
+    # stay whole until the rename (a rewrite in place read what it was writing).
+    cp npy/train_x.npy before_x.npy
+    "$EXPORT" --from npy --dir "$SCRATCH/npy" --to "$SCRATCH/npy" --format npy --max-samples 100 \
+      >export_self.out 2>&1 || { cat export_self.out; fail "the export into its own folder failed"; }
+    header() { echo $((10 + $(od -An -tu2 -j8 -N2 "$1"))); }  # npy 1.0: 10 bytes, then the header's length
+    cmp <(tail -c +$(($(header before_x.npy) + 1)) before_x.npy | head -c 78400) \
+      <(tail -c +$(($(header npy/train_x.npy) + 1)) npy/train_x.npy) ||
+      fail "the arrays exported into their own folder are not the first 100 samples"
+    ls npy | grep -q tmp && fail "a temp file was left: $(ls npy)"
+    echo "  exported into its own folder: the first 100 samples, byte for byte"
     ;;
 
   png_matches_idx)

@@ -35,11 +35,11 @@ class RunLock : public ::testing::Test {
 
 TEST_F(RunLock, ASecondJobIsRefusedNamingTheHolder) {
   std::optional<DirectoryLock> first;
-  first.emplace(dir_, collect());
+  first.emplace(dir_, "output_dir", collect());
   EXPECT_TRUE(fs::exists(first->path()));
   // flock locks belong to an open file, so a second open in this process contends like a second job.
   try {
-    DirectoryLock second(dir_, collect());
+    DirectoryLock second(dir_, "output_dir", collect());
     ADD_FAILURE() << "a second lock on a held directory was granted";
   } catch (const Error& e) {
     const std::string message = e.what();
@@ -50,14 +50,29 @@ TEST_F(RunLock, ASecondJobIsRefusedNamingTheHolder) {
   }
   first.reset();
   EXPECT_FALSE(fs::exists(dir_ + "/.dptrain.lock")) << "the holder's file outlived it";
-  DirectoryLock again(dir_, collect());
+  DirectoryLock again(dir_, "output_dir", collect());
   EXPECT_TRUE(reports_.empty()) << reports_.front();
+}
+
+// The directory cannot be made (a file where a folder should be): the error names the key that named it.
+TEST_F(RunLock, ADirectoryThatCannotBeMadeIsNamedWithItsKey) {
+  fs::create_directories(dir_);
+  std::ofstream(dir_ + "/a_file") << "not a directory";
+  try {
+    DirectoryLock lock(dir_ + "/a_file/checkpoints", "checkpoint.dir", collect());
+    ADD_FAILURE() << "a lock under a regular file was granted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot create the run directory " + dir_ +
+                                         "/a_file/checkpoints (checkpoint.dir): "),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(RunLock, ADeadHoldersFileIsTakenOverSayingWhose) {
   fs::create_directories(dir_);
   std::ofstream(dir_ + "/.dptrain.lock") << "host node7, pid 4242, started 2026-11-24T10:00:00Z\n";
-  DirectoryLock lock(dir_, collect());
+  DirectoryLock lock(dir_, "output_dir", collect());
   ASSERT_EQ(reports_.size(), 1u);
   EXPECT_NE(reports_[0].find("locked by a job that is no longer running (host node7, pid 4242"),
             std::string::npos)
