@@ -18,7 +18,9 @@ void Trainer::resume(const std::string& which) {
   const std::optional<Checkpoint> found = checkpoints_.find(which, [&](const Checkpoint& c) {
     DPTRAIN_CHECK(c.position.epoch_samples_done < train_set_->size(), c.path, ": its position (sample ",
                   c.position.epoch_samples_done, " of epoch ", c.position.epochs_completed + 1,
-                  ") lies beyond the ", train_set_->size(), " training samples configured now");
+                  ") lies beyond the ", train_set_->size(),
+                  " training samples configured now; resume with the data.dir and data.max_train_samples "
+                  "it was written with");
     // Outside deterministic mode (whose micro-batches may leave a rank none), every rank needs a sample
     // in each step: a resume on more ranks may find fewer samples left in the epoch than ranks.
     const int64_t left = train_set_->size() - c.position.epoch_samples_done;
@@ -224,6 +226,9 @@ void Trainer::check_deterministic_resume(const Checkpoint& c) const {
   const int64_t batch = number("global_batch"), micro = number("micro_batch");
   const int64_t micro_now = config_.distributed.deterministic_micro_batch;
   if (batch == global_batch() && micro == micro_now) return;
+  DPTRAIN_CHECK(batch > 0 && micro > 0, c.path, ": its distributed.deterministic record ", then.dump(),
+                " lacks the global batch or micro-batch it was written with, so a bit-for-bit continuation "
+                "cannot be checked; set distributed.deterministic to false to resume from it");
   const int64_t per_rank = world_.size() * config_.distributed.backward_passes_per_step;
   const std::string fix =
       batch % per_rank == 0

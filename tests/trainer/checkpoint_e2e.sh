@@ -196,6 +196,12 @@ case "$CASE" in
     [ "$RC" -ne 0 ] || fail "a mid-epoch resume with another seed was accepted"
     grep -q "written mid-epoch (sample 2048 of epoch 2) by a run that sampled otherwise: seed 42 then, 7 now" \
       other_seed.err || fail "the error does not name the seed: $(cat other_seed.err)"
+    # A position past the training set configured now: refused, naming the keys that set its size.
+    RUN_DIR=two_then_one launch 1 fewer_samples "${RUN[@]}" --set data.max_train_samples=1024 \
+      --resume "$SCRATCH/two_then_one/checkpoints/ckpt-00000080.safetensors"
+    [ "$RC" -ne 0 ] || fail "a position past the training set was accepted"
+    grep -q "lies beyond the 1024 training samples configured now; resume with the data.dir and data.max_train_samples" \
+      fewer_samples.err || fail "the refusal does not name the keys: $(cat fewer_samples.err)"
     RUN_DIR=two_then_one train 1 two_then_one_b "${RUN[@]}" --resume auto
     # 129 samples in batches of 64 on one rank, stopped after step 2: one sample left in the epoch,
     # too few for 2 ranks, each of which needs one. Refused, rather than failing in the step.
