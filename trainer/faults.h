@@ -5,6 +5,8 @@
 //   kill_in_checkpoint  rank 0 SIGKILLs itself half-way through writing that step's checkpoint
 //   hang                says so on stderr and waits for signals forever: a rank stuck in its step
 //                       (what a second SIGINT is for), deterministic where timing is not
+//   sigusr1             sends itself SIGUSR1 there: the job stops after that very step (one that
+//                       ends an epoch, say), which a signal from outside hits only by chance
 //   slow:MS             sleeps MS milliseconds before that step and every later one: a run that is
 //                       sure to be still training a given time after a step, however fast the
 //                       machine, so that the tests which signal a run mid-way can keep it short
@@ -26,7 +28,7 @@ class InjectedFault {
   bool kills_checkpoint(int rank, int64_t step) const;
 
  private:
-  enum class Kind { kNone, kThrow, kKill, kKillInCheckpoint, kHang, kSlow };
+  enum class Kind { kNone, kThrow, kKill, kKillInCheckpoint, kHang, kSigusr1, kSlow };
   Kind kind_ = Kind::kNone;
   int rank_ = -1;
   int64_t step_ = -1;

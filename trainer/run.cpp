@@ -365,23 +365,26 @@ TrainingResult Trainer::run() {
   }
   MetricsLog metrics(config_, world_.is_root(), /*append=*/resumed_);
   TrainingResult result;
+  std::optional<EpochMetrics> completed_by_the_stop;
   for (int64_t epoch = position_.epochs_completed + 1;
        epoch <= config_.training.epochs && !step_limit_reached() && !stop_.any(); ++epoch) {
     EpochMetrics m = train_epoch(epoch);
-    // A stop request wants the checkpoint now: the grace before SIGKILL may be a second or two.
-    if (stop_.any()) break;
-    const Evaluation e = evaluate();
-    m.test_loss = e.loss;
-    m.test_accuracy = e.accuracy;
-    result.epochs.push_back(m);
-    if (world_.is_root()) print_epoch(config_, world_.size(), m);
-    metrics.write(m, world_.size());
+    // A stop request wants the checkpoint now: the grace before SIGKILL may be a second or two. An
+    // epoch that the stop's step completed is evaluated after the checkpoint and the stop note.
+    if (stop_.any()) {
+      if (!m.stopped_early) completed_by_the_stop = m;
+      break;
+    }
+    evaluate_and_record(m, result, metrics);
     if (checkpoints_.due_at_epoch_end(epoch, position_.global_step, m.stopped_early)) save_checkpoint();
   }
   if (checkpoints_.due_at_end(position_.global_step)) save_checkpoint();
   if (stop_.any()) {
     result.stopped_by = stop_.describe();
     write_stop_note(result.stopped_by);
+    // The resume starts at the next epoch: this one's evaluation and metrics line come now or never. A
+    // SIGKILL in the evaluation costs only them.
+    if (completed_by_the_stop) evaluate_and_record(*completed_by_the_stop, result, metrics);
     return result;
   }
   if (world_.is_root()) {
@@ -396,6 +399,15 @@ TrainingResult Trainer::run() {
   }
   if (!config_.distributed.timeline.empty()) write_timeline(*comm_, config_.distributed.timeline);
   return result;
+}
+
+void Trainer::evaluate_and_record(EpochMetrics& m, TrainingResult& result, MetricsLog& metrics) {
+  const Evaluation e = evaluate();
+  m.test_loss = e.loss;
+  m.test_accuracy = e.accuracy;
+  result.epochs.push_back(m);
+  if (world_.is_root()) print_epoch(config_, world_.size(), m);
+  metrics.write(m, world_.size());
 }
 
 EpochMetrics Trainer::train_epoch(int64_t epoch) {

@@ -81,6 +81,8 @@ class Trainer {
   };
 
   EpochMetrics train_epoch(int64_t epoch);
+  // The test set's loss and accuracy into `m`, then `m` into the result, the log and metrics.jsonl.
+  void evaluate_and_record(EpochMetrics& m, TrainingResult& result, MetricsLog& metrics);
   // The epoch's metrics, summed (or, for memory, the largest) over all ranks: a collective.
   EpochMetrics allreduce_epoch_metrics(int64_t epoch, const StepTotals& totals, int64_t first_sample,
                                        double epoch_seconds, bool stopped_early);

@@ -19,6 +19,9 @@
 #                         (needs root to mount the tmpfs; skipped otherwise), and stopped by
 #                         SIGUSR1 with the disk full it exits 75 saying that no checkpoint was
 #                         written; then the tmpfs read-only: the run stops at start naming it and EROFS
+#   stop_at_epoch_end     a stop after an epoch's last step (DPTRAIN_INJECT_FAULT kind sigusr1) still
+#                         evaluates that epoch and writes its metrics line, after the checkpoint; the
+#                         resume starts the next epoch and ends bitwise equal to a straight run
 #   output_dir_lock       a second trainer on a running job's output_dir stops at start naming the
 #                         holder, and so does one whose checkpoint.dir is the holder's; once the
 #                         holder is SIGKILLed, a third takes the lock over, saying so
@@ -198,6 +201,29 @@ case "$CASE" in
     [ "$RC" -ne 0 ] || fail "a read-only checkpoint.dir did not stop the run"
     grep -q "cannot create the lock file $small/.dptrain.lock: Read-only file system (EROFS)" read_only.err ||
       fail "the error does not name the directory and EROFS"
+    ;;
+
+  stop_at_epoch_end)
+    # 2048 samples / (2 ranks x 32) = 32 steps an epoch, 2 epochs. Rank 0 sends itself SIGUSR1 before
+    # step 32 (DPTRAIN_INJECT_FAULT kind sigusr1): the stop comes after the epoch's last step. The
+    # resume starts at epoch 2, so epoch 1's evaluation and metrics line must come before the exit.
+    MLP=(mnist_mlp.json --set data.max_train_samples=2048 --set data.max_test_samples=1000
+         --set data.batch_size=32 --set training.epochs=2 --set checkpoint.every_epochs=0)
+    train 2 straight "${MLP[@]}"
+    DPTRAIN_INJECT_FAULT=0:31:sigusr1 RUN_DIR=run launch 2 stopped "${MLP[@]}"
+    [ "$RC" -eq 75 ] || fail "expected exit status 75, got $RC: $(grep dptrain stopped.err)"
+    grep -q '"global_step":32,' "$SCRATCH/run/stopped.json" || fail "not stopped after step 32: $(cat "$SCRATCH/run/stopped.json")"
+    [ "$(grep -c . "$SCRATCH/run/metrics.jsonl")" -eq 1 ] && grep -q '"test_accuracy"' "$SCRATCH/run/metrics.jsonl" ||
+      fail "epoch 1's metrics line, with its evaluation, is missing: $(cat "$SCRATCH/run/metrics.jsonl")"
+    grep -q '^epoch 1: train loss .* | test loss ' stopped.out || fail "no line for epoch 1 with its test loss"
+    echo "  stopped after step 32, the end of epoch 1: $(grep -m1 '^epoch 1: ' stopped.out)"
+    RUN_DIR=run train 2 resumed "${MLP[@]}" --resume auto
+    grep -q "resuming from .*ckpt-00000032.safetensors: step 32, epoch 2 at sample 0" resumed.out ||
+      fail "did not resume at the start of epoch 2: $(grep resuming resumed.out)"
+    [ "$(grep -c '"epoch":1,' "$SCRATCH/run/metrics.jsonl")" -eq 1 ] && [ "$(grep -c '"epoch":2,' "$SCRATCH/run/metrics.jsonl")" -eq 1 ] ||
+      fail "metrics.jsonl does not hold epochs 1 and 2 once each: $(cat "$SCRATCH/run/metrics.jsonl")"
+    cmp straight/model.safetensors run/model.safetensors || fail "resumed weights differ from the straight run's"
+    echo "  resumed: epochs 1 and 2 in metrics.jsonl once each, weights bitwise identical to the straight run's"
     ;;
 
   output_dir_lock)
