@@ -78,8 +78,10 @@ train() {
   launch "$@"
   local name=$2
   if [ "$RC" -ne 0 ]; then
-    echo "---- $name stderr ----"
-    tail -20 "$name.err"
+    # From the top: Open MPI's start-up failures, the trainer's error line and a sanitizer's first
+    # report all come first (the last 20 lines once hid why a singleton MPI_Init failed).
+    echo "---- $name stderr (the first 60 of $(wc -l <"$name.err") lines) ----"
+    head -60 "$name.err"
     fail "$name exited with $RC"
   fi
   [ -s "$SCRATCH/${RUN_DIR:-$name}/model.safetensors" ] || fail "$name wrote no model.safetensors"
