@@ -48,11 +48,7 @@ struct CommunicationThread::State {
       }
       try {
         const auto begin = timeline::Clock::now();
-        if (guard) {
-          guard(job->what, job->run);
-        } else {
-          job->run();
-        }
+        guard(job->what, job->run);
         if (timeline::enabled() && !job->timeline_name.empty())
           timeline::record(std::move(job->timeline_name), "communication", begin, timeline::Clock::now());
       } catch (...) {
@@ -68,7 +64,9 @@ struct CommunicationThread::State {
   }
 };
 
-CommunicationThread::CommunicationThread(Guard guard) : guard_(std::move(guard)) {}
+CommunicationThread::CommunicationThread(Guard guard)
+    : guard_(guard ? std::move(guard) : [](const std::string&, const std::function<void()>& run) { run(); }) {
+}
 
 CommunicationThread::~CommunicationThread() {
   if (!state_) return;
@@ -119,13 +117,11 @@ void CommunicationThread::wait(Pending& pending) {
     std::this_thread::yield();
   if (!job->done.load(std::memory_order_acquire)) {
     std::unique_lock lock(state_->mutex);
-    // Abandoned (abandon_queued), a job that has not run never will.
-    state_->finished.wait(lock, [&] { return job->done.load(std::memory_order_acquire) || state_->stop; });
-    if (!job->done.load(std::memory_order_acquire)) {
-      if (state_->busy) state_->finished.wait(lock, [&] { return !state_->busy; });
-      DPTRAIN_CHECK(job->done.load(std::memory_order_acquire), job->what,
-                    ": abandoned before it ran (the communicator's owner is stopping after an error)");
-    }
+    // Abandoned (abandon_queued) and idle, the thread runs nothing more: a job not done never will be.
+    state_->finished.wait(
+        lock, [&] { return job->done.load(std::memory_order_acquire) || (state_->stop && !state_->busy); });
+    DPTRAIN_CHECK(job->done.load(std::memory_order_acquire), job->what,
+                  ": abandoned before it ran (the communicator's owner is stopping after an error)");
   }
   if (job->error) std::rethrow_exception(job->error);
 }
