@@ -84,12 +84,12 @@ CommunicationThread::~CommunicationThread() {
   }
 }
 
-void CommunicationThread::abandon_queued(std::chrono::milliseconds grace) {
-  if (!state_) return;
+bool CommunicationThread::abandon_queued(std::chrono::milliseconds grace) {
+  if (!state_) return true;
   std::unique_lock lock(state_->mutex);
   state_->stop = true;
   state_->has_work.notify_all();
-  state_->finished.wait_for(lock, grace, [&] { return !state_->busy; });
+  return state_->finished.wait_for(lock, grace, [&] { return !state_->busy; });
 }
 
 Pending CommunicationThread::enqueue(std::string what, std::string timeline_name, std::function<void()> run) {

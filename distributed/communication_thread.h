@@ -33,8 +33,8 @@ class CommunicationThread {
   // Waits until every job queued so far has run.
   void drain();
   // Communicator::abandon_queued: no queued job starts from here on; waits up to `grace` for the one
-  // running, if any.
-  void abandon_queued(std::chrono::milliseconds grace);
+  // running, if any. False when it is still running.
+  bool abandon_queued(std::chrono::milliseconds grace);
 
  private:
   struct State;

@@ -154,8 +154,9 @@ class Communicator {
   // For an owner unwinding from an error, before it frees the buffers of collectives it started and
   // did not wait for: none of them that is still queued starts from here on, and one running is
   // given up to `grace` to end (its peers may never join it: an abort is coming). No collective may
-  // follow; the process is to abort.
-  virtual void abandon_queued(std::chrono::milliseconds /*grace*/) {}
+  // follow; the process is to abort. False when one is still running after the grace: its buffers
+  // must then stay allocated until the abort (a late peer would complete it into them).
+  virtual bool abandon_queued(std::chrono::milliseconds /*grace*/) { return true; }
 
   // Synchronous, after every asynchronous collective submitted before has completed.
   template <typename T>

@@ -343,8 +343,8 @@ void MpiCommunicator::drain() {
   thread_->drain();
 }
 
-void MpiCommunicator::abandon_queued(std::chrono::milliseconds grace) {
-  thread_->abandon_queued(grace);
+bool MpiCommunicator::abandon_queued(std::chrono::milliseconds grace) {
+  return thread_->abandon_queued(grace);
 }
 
 void MpiCommunicator::allreduce_elements(void* data, std::size_t count, DataType type, ReduceOp op,

@@ -43,7 +43,7 @@ class MpiCommunicator final : public Communicator {
   uint64_t shared_memory_collectives() const;
 
   void wait(Pending& pending) override;
-  void abandon_queued(std::chrono::milliseconds grace) override;
+  bool abandon_queued(std::chrono::milliseconds grace) override;
   void barrier(const std::string& what) override;
   std::vector<std::string> gather_to_root(const std::string& mine, const std::string& what) override;
   Pending start_allreduce_elements(void* data, std::size_t count, DataType type, ReduceOp op,

@@ -17,6 +17,7 @@
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <vector>
 
 #include "core/autograd.h"
 #include "core/backend.h"
@@ -298,8 +299,14 @@ Trainer::Trainer(const Config& config, const distributed::World& world)
 
 // Unwinding from an error, the members below free the gradient buffers that queued collectives name
 // before comm_, declared first, goes: none of those may start, and one running gets a second to end.
+// One that outlasts it (its peers late, not gone) could still complete into the gradients, the
+// parameters or the reducer's wire buffers and flags: those are kept, never freed, until the abort
+// that follows; reachable from a static, so that a leak checker does not report them.
 Trainer::~Trainer() {
-  if (std::uncaught_exceptions() > 0) comm_->abandon_queued(std::chrono::seconds(1));
+  if (std::uncaught_exceptions() == 0 || comm_->abandon_queued(std::chrono::seconds(1))) return;
+  static auto* const kept_until_abort = new std::vector<std::shared_ptr<void>>;
+  kept_until_abort->emplace_back(std::move(gradient_sync_));
+  kept_until_abort->emplace_back(std::move(parameters_));
 }
 
 void Trainer::start(const RunOptions& options) {

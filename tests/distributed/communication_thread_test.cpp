@@ -106,7 +106,8 @@ TEST(CommunicationThread, AbandonedItStartsNoQueuedJobAndAWaitForOneSaysSo) {
   });
   Pending queued = thread.enqueue("queued collective", "", [=] { queued_ran->store(true); });
   while (!started->load()) std::this_thread::yield();
-  thread.abandon_queued(std::chrono::milliseconds(20));  // the running job outlasts the grace
+  // The running job outlasts the grace: its owner must keep the job's buffers.
+  EXPECT_FALSE(thread.abandon_queued(std::chrono::milliseconds(20)));
   release->set_value();
   thread.wait(running);
   try {
@@ -118,6 +119,24 @@ TEST(CommunicationThread, AbandonedItStartsNoQueuedJobAndAWaitForOneSaysSo) {
   }
   thread.drain();  // returns: nothing will run
   EXPECT_FALSE(queued_ran->load());
+}
+
+// A job that ends within the grace, or none running: nothing touches the buffers after the call.
+TEST(CommunicationThread, AbandonedItSaysWhetherAJobStillRuns) {
+  CommunicationThread never_started;
+  EXPECT_TRUE(never_started.abandon_queued(std::chrono::milliseconds(0)));
+  CommunicationThread thread;
+  auto started = std::make_shared<std::atomic<bool>>(false),
+       ended = std::make_shared<std::atomic<bool>>(false);
+  Pending running = thread.enqueue("running", "", [=] {
+    started->store(true);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ended->store(true);
+  });
+  while (!started->load()) std::this_thread::yield();
+  EXPECT_TRUE(thread.abandon_queued(std::chrono::seconds(30)));
+  EXPECT_TRUE(ended->load());
+  thread.wait(running);
 }
 
 }  // namespace
