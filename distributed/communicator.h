@@ -176,6 +176,21 @@ class Communicator {
     check_allgather_sizes(send.size(), recv.size());
     allgather_elements(send.data(), recv.data(), send.size(), data_type_of<T>(), what);
   }
+  // Rank r's `send` to [r * send.size(), (r + 1) * send.size()) of `recv` on `root`, where recv.size()
+  // must be send.size() * size() (elsewhere `recv` is not touched): state that differs by rank, to
+  // the rank that writes the checkpoint, no other rank holding more than its own.
+  template <typename T>
+  void gather(std::span<const T> send, std::span<T> recv, int root, const std::string& what) {
+    check_rooted_sizes("gather", send.size(), recv.size(), root);
+    gather_elements(send.data(), recv.data(), send.size(), data_type_of<T>(), root, what);
+  }
+  // The inverse: chunk r of root's `send` (send.size() == recv.size() * size() there; unused
+  // elsewhere) to rank r's `recv`.
+  template <typename T>
+  void scatter(std::span<const T> send, std::span<T> recv, int root, const std::string& what) {
+    check_rooted_sizes("scatter", recv.size(), send.size(), root);
+    scatter_elements(send.data(), recv.data(), recv.size(), data_type_of<T>(), root, what);
+  }
   template <typename T>
   void reduce_scatter(std::span<T> buffer, ReduceOp op, const std::string& what) {
     Pending pending = start_reduce_scatter(buffer, op, what);
@@ -205,11 +220,28 @@ class Communicator {
                                                 std::string what, std::string timeline_name) = 0;
   virtual Pending start_allgather_in_place_elements(void* data, std::size_t chunk, DataType type,
                                                     std::string what, std::string timeline_name) = 0;
+  // `count` elements from (to) each rank. The defaults, for host memory, broadcast one rank's
+  // elements at a time (gather_by_broadcasts): every rank moves all size() * count of them, where a
+  // rooted gather moves each once.
+  virtual void gather_elements(const void* send, void* recv, std::size_t count, DataType type, int root,
+                               const std::string& what);
+  virtual void scatter_elements(const void* send, void* recv, std::size_t count, DataType type, int root,
+                                const std::string& what);
 
  private:
   void check_allgather_sizes(std::size_t send, std::size_t recv) const;
+  // `whole` elements on root for `each` per rank; root a rank.
+  void check_rooted_sizes(const char* collective, std::size_t each, std::size_t whole, int root) const;
   // count / size(), or an error naming the collective when count is not a multiple of size().
   std::size_t chunk_of(std::size_t count, const char* collective, const std::string& what) const;
 };
+
+// Communicator::gather_elements and scatter_elements by broadcasts, through a row of host memory on
+// the ranks that neither send nor keep a rank's elements; what communicators without rooted
+// collectives of their own do.
+void gather_by_broadcasts(Communicator& comm, const void* send, void* recv, std::size_t count, DataType type,
+                          int root, const std::string& what);
+void scatter_by_broadcasts(Communicator& comm, const void* send, void* recv, std::size_t count, DataType type,
+                           int root, const std::string& what);
 
 }  // namespace dptrain::distributed

@@ -377,6 +377,29 @@ void MpiCommunicator::allgather_elements(const void* send, void* recv, std::size
                                   mpi_type(type), MPI_COMM_WORLD));
 }
 
+void MpiCommunicator::gather_elements(const void* send, void* recv, std::size_t count, DataType type,
+                                      int root, const std::string& what) {
+  rooted(Rooted::kGather, send, recv, count, type, root, what);
+}
+
+void MpiCommunicator::scatter_elements(const void* send, void* recv, std::size_t count, DataType type,
+                                       int root, const std::string& what) {
+  rooted(Rooted::kScatter, send, recv, count, type, root, what);
+}
+
+void MpiCommunicator::rooted(Rooted collective, const void* send, void* recv, std::size_t count,
+                             DataType type, int root, const std::string& what) {
+  if (size_ == 1) {
+    if (count > 0) std::memcpy(recv, send, count * element_size(type));
+    return;
+  }
+  drain();
+  Watch watch(watchdog_.get(), 0, what);
+  const auto call = collective == Rooted::kGather ? MPI_Gather : MPI_Scatter;
+  DPTRAIN_MPI_CHECK(call(send, checked_count(count), mpi_type(type), recv, checked_count(count),
+                         mpi_type(type), root, MPI_COMM_WORLD));
+}
+
 void MpiCommunicator::barrier(const std::string& what) {
   if (size_ == 1) return;
   drain();

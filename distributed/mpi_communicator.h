@@ -54,6 +54,10 @@ class MpiCommunicator final : public Communicator {
                           const std::string& what) override;
   void allgather_elements(const void* send, void* recv, std::size_t count, DataType type,
                           const std::string& what) override;
+  void gather_elements(const void* send, void* recv, std::size_t count, DataType type, int root,
+                       const std::string& what) override;
+  void scatter_elements(const void* send, void* recv, std::size_t count, DataType type, int root,
+                        const std::string& what) override;
   Pending start_reduce_scatter_elements(void* data, std::size_t chunk, DataType type, ReduceOp op,
                                         std::string what, std::string timeline_name) override;
   Pending start_allgather_in_place_elements(void* data, std::size_t chunk, DataType type, std::string what,
@@ -63,6 +67,10 @@ class MpiCommunicator final : public Communicator {
   // Queues `run` on the communication thread (started on first use); in submission order.
   Pending enqueue(std::string what, std::string timeline_name, std::function<void()> run);
   void drain();
+  // MPI_Gather or MPI_Scatter of `count` elements a rank (a copy in a world of one).
+  enum class Rooted { kGather, kScatter };
+  void rooted(Rooted collective, const void* send, void* recv, std::size_t count, DataType type, int root,
+              const std::string& what);
   // The shared segment that holds `bytes` at `data`, if any.
   std::shared_ptr<SharedMemorySegment> segment_holding(const void* data, std::size_t bytes) const;
   // The shared segment that holds `count` elements of `type` at `data`, if it can reduce them with `op`.

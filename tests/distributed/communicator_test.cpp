@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -209,6 +210,74 @@ TEST(Communicator, AllgatherPlacesRankRAtOffsetRTimesCount) {
   for (int r = 0; r < N; ++r) {
     EXPECT_EQ(all[r], 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(r + 1));
   }
+}
+
+// Each rank's elements at offset rank x count on the root, and back; the MPI communicator's own
+// gather and scatter and the broadcasts that other communicators use (gather_by_broadcasts) alike.
+// The other ranks' receive buffers are not touched.
+void expect_gather_and_scatter_by(
+    const std::function<void(const int32_t*, int32_t*, std::size_t, int)>& gather,
+    const std::function<void(const int32_t*, int32_t*, std::size_t, int)>& scatter, int rank, int ranks) {
+  for (std::size_t n : kSizes) {
+    for (int root = 0; root < ranks; ++root) {
+      std::vector<int32_t> send(n);
+      for (std::size_t i = 0; i < n; ++i) send[i] = rank * 10'000'000 + static_cast<int32_t>(i) + root;
+      std::vector<int32_t> whole(n * ranks, -1);
+      gather(send.data(), whole.data(), n, root);
+      std::size_t bad = 0;
+      for (int r = 0; r < ranks; ++r)
+        for (std::size_t i = 0; i < n; ++i)
+          bad += whole[r * n + i] != (rank == root ? r * 10'000'000 + static_cast<int32_t>(i) + root : -1);
+      EXPECT_EQ(bad, 0u) << "gather to root " << root << ", " << n << " elements a rank";
+      // Back out, each rank's chunk doubled by the root, so that a copy of one's own elements fails.
+      if (rank == root)
+        for (int32_t& v : whole) v *= 2;
+      std::vector<int32_t> mine(n, -1);
+      scatter(whole.data(), mine.data(), n, root);
+      bad = 0;
+      for (std::size_t i = 0; i < n; ++i) bad += mine[i] != 2 * send[i];
+      EXPECT_EQ(bad, 0u) << "scatter from root " << root << ", " << n << " elements a rank";
+    }
+  }
+}
+
+TEST(Communicator, GatherAndScatterPlaceRankRAtOffsetRTimesCountOnTheRoot) {
+  MpiCommunicator comm(test::world());
+  expect_gather_and_scatter_by(
+      [&](const int32_t* send, int32_t* recv, std::size_t n, int root) {
+        comm.gather(std::span<const int32_t>(send, n),
+                    std::span<int32_t>(recv, comm.rank() == root ? n * comm.size() : 0), root, "test gather");
+      },
+      [&](const int32_t* send, int32_t* recv, std::size_t n, int root) {
+        comm.scatter(std::span<const int32_t>(send, comm.rank() == root ? n * comm.size() : 0),
+                     std::span<int32_t>(recv, n), root, "test scatter");
+      },
+      comm.rank(), comm.size());
+  expect_gather_and_scatter_by(
+      [&](const int32_t* send, int32_t* recv, std::size_t n, int root) {
+        gather_by_broadcasts(comm, send, recv, n, DataType::kI32, root, "test gather by broadcasts");
+      },
+      [&](const int32_t* send, int32_t* recv, std::size_t n, int root) {
+        scatter_by_broadcasts(comm, send, recv, n, DataType::kI32, root, "test scatter by broadcasts");
+      },
+      comm.rank(), comm.size());
+}
+
+// Checked before any MPI call: the root's whole buffer, and a root that is a rank. Each rank names
+// itself the root, so that every rank throws and none is left in a collective.
+TEST(Communicator, GatherAndScatterRejectWrongSizesAndRoots) {
+  MpiCommunicator comm(test::world());
+  std::vector<float> each(3), whole(3 * comm.size() + 1);
+  const int self = comm.rank();
+  test_util::expect_error(
+      [&] { comm.gather(std::span<const float>(each), std::span<float>(whole), self, "bad gather"); },
+      {"gather: ", std::to_string(whole.size()) + " elements on the root for 3 x "});
+  test_util::expect_error(
+      [&] { comm.scatter(std::span<const float>(whole), std::span<float>(each), self, "bad scatter"); },
+      {"scatter: ", "elements on the root"});
+  test_util::expect_error(
+      [&] { comm.gather(std::span<const float>(each), std::span<float>(whole), comm.size(), "bad root"); },
+      {"gather: root ", "is not a rank of"});
 }
 
 // Rank r's chunk after a reduce-scatter of ramps: the ramp's sum (average) over the ranks at those
