@@ -21,20 +21,26 @@ std::size_t Communicator::chunk_of(std::size_t count, const char* collective, co
   return count / ranks;
 }
 
-void Communicator::check_rooted_sizes(const char* collective, std::size_t each, std::size_t whole,
-                                      int root) const {
-  DPTRAIN_CHECK(root >= 0 && root < size(), collective, ": root ", root, " is not a rank of ", size());
+void Communicator::check_rooted_sizes(const char* collective, std::size_t each, std::size_t whole, int root,
+                                      const std::string& what) const {
+  DPTRAIN_CHECK(root >= 0 && root < size(), collective, ": root ", root, " is not a rank of ", size(), " (",
+                what, ")");
   DPTRAIN_CHECK(rank() != root || whole == each * static_cast<std::size_t>(size()), collective, ": ", whole,
-                " elements on the root for ", each, " x ", size(), " ranks");
+                " elements on the root for ", each, " x ", size(), " ranks (", what, ")");
 }
 
+// The defaults pass rows through host memory: a communicator of device buffers has to bring its own.
 void Communicator::gather_elements(const void* send, void* recv, std::size_t count, DataType type, int root,
                                    const std::string& what) {
+  DPTRAIN_CHECK(accepts(Device::cpu()), "gather of ", what,
+                ": this communicator moves device buffers and has no gather of its own (host memory only)");
   gather_by_broadcasts(*this, send, recv, count, type, root, what);
 }
 
 void Communicator::scatter_elements(const void* send, void* recv, std::size_t count, DataType type, int root,
                                     const std::string& what) {
+  DPTRAIN_CHECK(accepts(Device::cpu()), "scatter of ", what,
+                ": this communicator moves device buffers and has no scatter of its own (host memory only)");
   scatter_by_broadcasts(*this, send, recv, count, type, root, what);
 }
 

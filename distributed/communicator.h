@@ -177,18 +177,19 @@ class Communicator {
     allgather_elements(send.data(), recv.data(), send.size(), data_type_of<T>(), what);
   }
   // Rank r's `send` to [r * send.size(), (r + 1) * send.size()) of `recv` on `root`, where recv.size()
-  // must be send.size() * size() (elsewhere `recv` is not touched): state that differs by rank, to
-  // the rank that writes the checkpoint, no other rank holding more than its own.
+  // must be send.size() * size() (elsewhere `recv` is not touched; `send` and `recv` do not overlap):
+  // state that differs by rank, to the rank that writes the checkpoint. The root's size is checked
+  // on the root alone: every rank must pass the same count.
   template <typename T>
   void gather(std::span<const T> send, std::span<T> recv, int root, const std::string& what) {
-    check_rooted_sizes("gather", send.size(), recv.size(), root);
+    check_rooted_sizes("gather", send.size(), recv.size(), root, what);
     gather_elements(send.data(), recv.data(), send.size(), data_type_of<T>(), root, what);
   }
   // The inverse: chunk r of root's `send` (send.size() == recv.size() * size() there; unused
   // elsewhere) to rank r's `recv`.
   template <typename T>
   void scatter(std::span<const T> send, std::span<T> recv, int root, const std::string& what) {
-    check_rooted_sizes("scatter", recv.size(), send.size(), root);
+    check_rooted_sizes("scatter", recv.size(), send.size(), root, what);
     scatter_elements(send.data(), recv.data(), recv.size(), data_type_of<T>(), root, what);
   }
   template <typename T>
@@ -220,9 +221,9 @@ class Communicator {
                                                 std::string what, std::string timeline_name) = 0;
   virtual Pending start_allgather_in_place_elements(void* data, std::size_t chunk, DataType type,
                                                     std::string what, std::string timeline_name) = 0;
-  // `count` elements from (to) each rank. The defaults, for host memory, broadcast one rank's
-  // elements at a time (gather_by_broadcasts): every rank moves all size() * count of them, where a
-  // rooted gather moves each once.
+  // `count` elements from (to) each rank. The defaults, for communicators of host memory (others
+  // refuse), broadcast one rank's elements at a time (gather_by_broadcasts): every rank receives
+  // all size() * count of them, where MPI_Gather's algorithms send each to the root by a path.
   virtual void gather_elements(const void* send, void* recv, std::size_t count, DataType type, int root,
                                const std::string& what);
   virtual void scatter_elements(const void* send, void* recv, std::size_t count, DataType type, int root,
@@ -231,7 +232,8 @@ class Communicator {
  private:
   void check_allgather_sizes(std::size_t send, std::size_t recv) const;
   // `whole` elements on root for `each` per rank; root a rank.
-  void check_rooted_sizes(const char* collective, std::size_t each, std::size_t whole, int root) const;
+  void check_rooted_sizes(const char* collective, std::size_t each, std::size_t whole, int root,
+                          const std::string& what) const;
   // count / size(), or an error naming the collective when count is not a multiple of size().
   std::size_t chunk_of(std::size_t count, const char* collective, const std::string& what) const;
 };

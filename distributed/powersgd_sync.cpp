@@ -79,16 +79,16 @@ std::string PowerSgdSync::describe() const {
   return text;
 }
 
-// Every rank's error buffer to rank 0, which writes them as [ranks, size]: a gather, so that no
-// other rank holds more than its own, where an allgather gave every rank all of them (ResNet-50 on
-// 64 ranks of one host: 6.5 GB a rank at every checkpoint), and each buffer crosses once, where a
-// broadcast from each rank in turn sent every one to every rank. The other ranks return their own
-// row alone: rank 0 alone writes the checkpoint.
+// Every rank's error buffer to rank 0, which writes them as [ranks, size]: a gather (MPI_Gather).
+// An allgather gave every rank all of them (ResNet-50 on 64 ranks of one host: 6.5 GB a rank at every
+// checkpoint); a broadcast from each rank in turn sent every one to every rank. A tree gather's
+// inner ranks forward their subtree's buffers on the way. The other ranks return their own row
+// alone: rank 0 alone writes the checkpoint.
 std::vector<NamedTensor> PowerSgdSync::checkpoint_state() {
   const int64_t ranks = host_comm_.size(), size = parameters_.size();
   const bool root = host_comm_.rank() == 0;
   const std::span<const float> mine(powersgd_.error().data_ptr(), static_cast<std::size_t>(size));
-  Tensor errors = Tensor::zeros({root ? ranks : 1, size});
+  Tensor errors = Tensor::empty({root ? ranks : 1, size});  // every row written below
   if (!root) std::ranges::copy(mine, errors.data_ptr());
   host_comm_.gather(mine,
                     std::span<float>(errors.data_ptr(), root ? static_cast<std::size_t>(ranks * size) : 0), 0,

@@ -301,12 +301,17 @@ Trainer::Trainer(const Config& config, const distributed::World& world)
 // before comm_, declared first, goes: none of those may start, and one running gets a second to end.
 // One that outlasts it (its peers late, not gone) could still complete into the gradients, the
 // parameters or the reducer's wire buffers and flags: those are kept, never freed, until the abort
-// that follows; reachable from a static, so that a leak checker does not report them.
+// that follows; reachable from a static, so that a leak checker does not report them (and nothing
+// is allocated while unwinding).
 Trainer::~Trainer() {
-  if (std::uncaught_exceptions() == 0 || comm_->abandon_queued(std::chrono::seconds(1))) return;
-  static auto* const kept_until_abort = new std::vector<std::shared_ptr<void>>;
-  kept_until_abort->emplace_back(std::move(gradient_sync_));
-  kept_until_abort->emplace_back(std::move(parameters_));
+  if (std::uncaught_exceptions() == 0) return;
+  const auto grace = std::chrono::seconds(1);
+  bool idle = comm_->abandon_queued(grace);
+  if (device_comm_) idle = device_comm_->abandon_queued(grace) && idle;
+  if (idle) return;
+  [[maybe_unused]] static const void* volatile kept_until_abort[2];  // volatile: the stores stay
+  kept_until_abort[0] = gradient_sync_.release();
+  kept_until_abort[1] = parameters_.release();
 }
 
 void Trainer::start(const RunOptions& options) {
