@@ -124,6 +124,11 @@ void write_streamed(float* to, int64_t n, Write write) {
   for (int64_t first = 0; first < n; first += kPiece) {
     const int64_t count = std::min(kPiece, n - first);
     write(piece, first, count);
+    if constexpr (!kStreamingStores) {
+      // A portable build (no AVX: -DDPTRAIN_NATIVE=OFF, the GPU bundle's) stores plainly, same bits.
+      std::copy_n(piece, count, to + first);
+      continue;
+    }
     for (int64_t i = 0; i < count; i += kLanes) {
 #if defined(__AVX512F__)
       if constexpr (kLanes == 16) {
