@@ -261,15 +261,18 @@ void NcclCommunicator::wait(distributed::Pending& pending) {
 
 void NcclCommunicator::allreduce_elements(void* data, std::size_t count, DataType type,
                                           distributed::ReduceOp op, const std::string& what) {
-  distributed::Pending p = start_allreduce_elements(data, count, type, op, what, {});
+  // An empty call is still a fence (communicator.h): the compute stream waits for the collectives
+  // queued on stream_ before it.
+  distributed::Pending p =
+      count == 0 ? launch(what, [] {}) : start_allreduce_elements(data, count, type, op, what, {});
   wait(p);
 }
 
 void NcclCommunicator::broadcast_elements(void* data, std::size_t count, DataType type, int root,
                                           const std::string& what) {
-  if (count == 0) return;
   distributed::Pending p = launch(what, [&] {
-    DPTRAIN_NCCL_CHECK(ncclBroadcast(data, data, count, nccl_type(type), root, comm_, stream_));
+    if (count > 0)
+      DPTRAIN_NCCL_CHECK(ncclBroadcast(data, data, count, nccl_type(type), root, comm_, stream_));
   });
   wait(p);
 }

@@ -129,21 +129,33 @@ std::unique_ptr<Dataset> open_image_folder(const DatasetRequest& request) {
                 split, ": ", classes.size(), " class folders, more than the model's ", request.model_classes,
                 " outputs; give the model one output per class");
 
-  std::vector<std::string> paths;
-  std::vector<int32_t> labels;
+  std::vector<std::vector<std::string>> files(classes.size());
   for (std::size_t label = 0; label < classes.size(); ++label) {
     const std::string folder = split + "/" + classes[label];
-    const std::vector<std::string> files = sorted_names(folder, /*folders=*/false);
-    DPTRAIN_CHECK(!files.empty(), folder, ": empty class: no .png, .jpg or .jpeg files", layout);
-    for (const std::string& file : files) {
-      paths.push_back(folder + "/" + file);
-      labels.push_back(static_cast<int32_t>(label));
+    files[label] = sorted_names(folder, /*folders=*/false);
+    DPTRAIN_CHECK(!files[label].empty(), folder, ": empty class: no .png, .jpg or .jpeg files", layout);
+  }
+  // A cap (data.max_*_samples) takes the classes' files in turn, so that every class keeps its share:
+  // the first N in torchvision's order, class by class, would be the first classes alone (a quick run
+  // on 1000 of 10 classes x 5000 images trained and tested on class 0, at 100%).
+  std::vector<std::size_t> taken(classes.size());
+  for (std::size_t label = 0; label < classes.size(); ++label) taken[label] = files[label].size();
+  if (request.max_samples > 0) {
+    std::ranges::fill(taken, 0);
+    for (int64_t left = request.max_samples, progress = 1; left > 0 && progress > 0;) {
+      progress = 0;
+      for (std::size_t label = 0; label < classes.size() && left > 0; ++label)
+        if (taken[label] < files[label].size()) ++taken[label], --left, ++progress;
     }
   }
-  auto dataset =
-      std::make_unique<ImageFolder>(shape, classes, std::move(paths), std::move(labels), request.resize);
-  dataset->keep_first(request.max_samples);
-  return dataset;
+  std::vector<std::string> paths;
+  std::vector<int32_t> labels;
+  for (std::size_t label = 0; label < classes.size(); ++label)
+    for (std::size_t i = 0; i < taken[label]; ++i) {
+      paths.push_back(split + "/" + classes[label] + "/" + files[label][i]);
+      labels.push_back(static_cast<int32_t>(label));
+    }
+  return std::make_unique<ImageFolder>(shape, classes, std::move(paths), std::move(labels), request.resize);
 }
 
 }  // namespace dptrain::data

@@ -174,22 +174,36 @@ void ExactScalarSum::add(double term) {
     ++invalid;
     return;
   }
-  const double whole = std::floor(term);
-  units += static_cast<int64_t>(whole);
-  fractions += std::llrint(std::ldexp(term - whole, 32));  // term - whole is exact, in [0, 1)
+  const double floor = std::floor(term);
+  const auto whole = static_cast<int64_t>(floor);
+  fractions += std::llrint(std::ldexp(term - floor, 32));  // term - floor is exact, in [0, 1)
+  low += whole & 0xffffffff;
+  if (__builtin_add_overflow(high, whole >> 32, &high)) ++invalid;  // >> 32: floor, so whole is exact
+  carry();
+}
+
+void ExactScalarSum::carry() {
+  low += fractions >> 32;
+  fractions &= 0xffffffff;
+  if (__builtin_add_overflow(high, low >> 32, &high)) ++invalid;
+  low &= 0xffffffff;
 }
 
 double ExactScalarSum::value() const {
   if (invalid != 0) return std::nan("");
-  return static_cast<double>(units) + std::ldexp(static_cast<double>(fractions), -32);
+  return std::ldexp(static_cast<double>(high), 32) + static_cast<double>(low) +
+         std::ldexp(static_cast<double>(fractions), -32);
 }
 
 void ExactScalarSum::allreduce(Communicator& comm, const std::string& what) {
-  int64_t parts[3] = {units, fractions, invalid};
+  // Each rank's low and fractions are below 2^32: their sums fit for up to 2^31 ranks.
+  int64_t parts[4] = {high, low, fractions, invalid};
   comm.allreduce(std::span<int64_t>(parts), ReduceOp::kSum, what);
-  units = parts[0];
-  fractions = parts[1];
-  invalid = parts[2];
+  high = parts[0];
+  low = parts[1];
+  fractions = parts[2];
+  invalid = parts[3];
+  carry();
 }
 
 }  // namespace dptrain::distributed

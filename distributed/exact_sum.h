@@ -62,16 +62,21 @@ class ExactGradientSum {
   std::vector<int32_t> exponents_;  // per tensor, over this rank's micro-batches so far
 };
 
-// A sum of doubles with the same bits for any order and grouping of the terms: each term is held as
-// whole units plus a fraction in units of 2^-32 (so terms are rounded to 2.3e-10), both int64.
-// A non-finite term, or one of 2^62 or more, makes the sum NaN.
+// A sum of doubles with the same bits for any order and grouping of the terms: each term is held in
+// fixed point, in units of 2^-32 (so terms are rounded to 2.3e-10), as 32-bit limbs kept in int64s
+// (high * 2^32 + low + fractions * 2^-32, low and fractions in [0, 2^32)): the limbs of many ranks
+// add without overflow where one int64 of units wrapped (a diverging run's loss of 1e15 at batch 128
+// passed 2^63 within an epoch). A non-finite term, or one of 2^62 or more, makes the sum NaN.
 struct ExactScalarSum {
-  int64_t units = 0, fractions = 0, invalid = 0;
+  int64_t high = 0, low = 0, fractions = 0, invalid = 0;
 
   void add(double term);
   double value() const;
-  // Across ranks: one allreduce of three int64.
+  // Across ranks: one allreduce of four int64.
   void allreduce(Communicator& comm, const std::string& what);
+
+ private:
+  void carry();  // low and fractions back into [0, 2^32); an overflow of high makes the sum invalid
 };
 
 }  // namespace dptrain::distributed

@@ -349,8 +349,9 @@ bool MpiCommunicator::abandon_queued(std::chrono::milliseconds grace) {
 
 void MpiCommunicator::allreduce_elements(void* data, std::size_t count, DataType type, ReduceOp op,
                                          const std::string& what) {
-  if (size_ == 1 || count == 0) return;
-  drain();
+  if (size_ == 1) return;
+  drain();  // an empty call too: it is still a fence for the queued collectives (communicator.h)
+  if (count == 0) return;
   Watch watch(watchdog_.get(), 0, what);
   if (auto segment = segment_for(data, count, type, op))
     return segment->allreduce(data, count, type, op, what);
@@ -359,8 +360,9 @@ void MpiCommunicator::allreduce_elements(void* data, std::size_t count, DataType
 
 void MpiCommunicator::broadcast_elements(void* data, std::size_t count, DataType type, int root,
                                          const std::string& what) {
-  if (size_ == 1 || count == 0) return;
+  if (size_ == 1) return;
   drain();
+  if (count == 0) return;
   Watch watch(watchdog_.get(), 0, what);
   DPTRAIN_MPI_CHECK(MPI_Bcast(data, checked_count(count), mpi_type(type), root, MPI_COMM_WORLD));
 }
@@ -368,7 +370,7 @@ void MpiCommunicator::broadcast_elements(void* data, std::size_t count, DataType
 void MpiCommunicator::allgather_elements(const void* send, void* recv, std::size_t count, DataType type,
                                          const std::string& what) {
   if (size_ == 1) {
-    std::memcpy(recv, send, count * element_size(type));
+    if (count > 0) std::memcpy(recv, send, count * element_size(type));  // an empty span's data may be null
     return;
   }
   drain();

@@ -13,7 +13,8 @@ namespace dptrain::distributed {
 
 // Overwrites every buffer's elements and every scalar with rank 0's, in the given order (the same
 // on all ranks): the flat parameter buffer and the optimizer's flat state buffers. A rank whose
-// buffers differ in number or size from rank 0's (another config) is caught before any data moves.
+// buffers or scalars differ in number or size from rank 0's (another config) is caught before any
+// data moves, and every rank throws: that rank naming its layout, the others naming that rank.
 // `host` carries that check and the scalars (host memory), `device` the buffers (on a GPU, its
 // communicator; on the CPU the same one).
 void broadcast_state(Communicator& host, Communicator& device, const std::vector<Tensor>& buffers,

@@ -1,6 +1,7 @@
 // Learning-rate schedule.
 #include "optim/schedule.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -23,8 +24,16 @@ double LrSchedule::at(double epoch) const {
   }
   const double after = epoch - w;
   switch (o_.decay) {
-    case Decay::kStep:
-      return scaled_ * std::pow(o_.gamma, std::floor(after / o_.step_size_epochs));
+    case Decay::kStep: {
+      // The trainer's epoch is samples / dataset size: a boundary may come a rounding short of its
+      // whole number of periods (1 + 24000 / 60000 - 0.4 is 0.9999999999999999), and floor alone
+      // would decay one step late. The rounding is a few ulps of epoch / step_size_epochs; one sample
+      // short of a boundary is 1 / (size x step_size_epochs) periods, far more for any data set.
+      const double periods = after / o_.step_size_epochs, nearest = std::round(periods);
+      const bool on_boundary =
+          std::fabs(periods - nearest) <= 1e-12 * std::max(1.0, epoch / o_.step_size_epochs);
+      return scaled_ * std::pow(o_.gamma, on_boundary ? nearest : std::floor(periods));
+    }
     case Decay::kCosine: {
       const double span = std::max(o_.total_epochs - w, 1e-12);
       const double t = std::min(after / span, 1.0);

@@ -268,7 +268,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"png", "jpeg", "npy", "cifar"}))
       ->capture_default_str();
   app.add_option("--quality", o.quality, "JPEG quality")->check(CLI::Range(1, 100))->capture_default_str();
-  app.add_option("--max-samples", o.max_samples, "Only the first N of each split; 0: all")
+  app.add_option("--max-samples", o.max_samples,
+                 "Only the first N of each split (an image folder's: its classes' files in turn); 0: all")
       ->capture_default_str();
   app.add_option("--shape", o.shape, "C H W: an image_folder source's sample shape, or generated images'")
       ->expected(3);

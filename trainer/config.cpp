@@ -222,8 +222,10 @@ void declare_data(SectionBuilder<Config, DataConfig> d) {
           "Per rank; the global batch is batch_size x ranks x backward_passes_per_step.");
   d.field("eval_batch_size", &D::eval_batch_size, 1000, Range{1, 1 << 20},
           "Evaluation batch (sharded across ranks).");
-  d.field("max_train_samples", &D::max_train_samples, 0, Range{0, INT64_MAX}, "Only the first N; 0: all.");
-  d.field("max_test_samples", &D::max_test_samples, 0, Range{0, INT64_MAX}, "Only the first N; 0: all.");
+  d.field("max_train_samples", &D::max_train_samples, 0, Range{0, INT64_MAX},
+          "Only the first N (image_folder: the classes' files in turn, every class its share); 0: all.");
+  d.field("max_test_samples", &D::max_test_samples, 0, Range{0, INT64_MAX},
+          "Only the first N (image_folder: the classes' files in turn, every class its share); 0: all.");
   d.field("shuffle", &D::shuffle, true, Any{},
           "A permutation per epoch from (seed, epoch); false: file order.");
   d.field("drop_last", &D::drop_last, false, Any{}, "Drop the tail that does not fill a global batch.");
@@ -303,7 +305,8 @@ void declare_optimizer(SectionBuilder<Config, OptimizerConfig> o) {
   o.field("lr_scaling", &O::lr_scaling, optim::LrScaling::kLinear, kLrScalings,
           "`linear`: lr x ranks x backward_passes_per_step (Goyal et al.).");
   o.field("warmup_epochs", &O::warmup_epochs, 0.0, Range{0.0, 1e6},
-          "Per batch from lr to the scaled lr over these (fractional) epochs.");
+          "Per batch from the scaled lr / ranks (Horovod's start: lr x backward passes with linear scaling) "
+          "to the scaled lr over these (fractional) epochs.");
   o.field("schedule", &O::schedule, optim::Decay::kConstant, kSchedules,
           "After warmup: `step` (x gamma every step_size_epochs), `cosine` (to min_lr at the end).");
   o.field("step_size_epochs", &O::step_size_epochs, 1.0, Range{1e-6, 1e6}, "Epochs per decay.",

@@ -3,8 +3,14 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
+#include "core/file_replacement.h"
 #include "core/timeline.h"
 #include "data/registry.h"
 #include "trainer/progress.h"
@@ -147,11 +153,54 @@ void print_evaluation(const Config& config, int ranks, const std::string& checkp
   std::fflush(stdout);
 }
 
-MetricsLog::MetricsLog(const Config& config, bool writer, bool append) {
+namespace {
+
+// Keeps the lines of `path` up to `step` and says how many it dropped. Resumed from an earlier step
+// than the last line's (a checkpoint every few steps, a kill between an epoch's line and its
+// checkpoint, a rollback with --resume PATH), the run writes those epochs' lines again: kept, each
+// epoch would have two (PyTorch's SummaryWriter purge_step does the same for its event files).
+void drop_lines_past(const std::string& path, int64_t step) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return;  // none yet: the run before wrote no line
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  std::vector<std::string> kept;
+  int64_t dropped = 0, torn = 0;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty()) continue;
+    const Json entry = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!entry.is_object() || !entry.contains("step") || !entry["step"].is_number_integer()) {
+      ++torn;  // cut short by a kill mid-write
+    } else if (entry["step"].get<int64_t>() <= step) {
+      kept.push_back(std::move(line));
+    } else {
+      ++dropped;
+    }
+  }
+  // A last line without its newline (a kill mid-write) would have the next line appended to it.
+  if (dropped == 0 && torn == 0 && (text.empty() || text.back() == '\n')) return;
+  FileReplacement replacement(path);
+  for (const std::string& line : kept) replacement.out() << line << '\n';
+  replacement.commit();
+  if (dropped > 0)
+    std::printf(
+        "dptrain: %s: dropped %lld line(s) past step %lld, of the run before the resume: those "
+        "epochs come again\n",
+        path.c_str(), static_cast<long long>(dropped), static_cast<long long>(step));
+  if (torn > 0)
+    std::printf("dptrain: %s: dropped %lld line(s) that are not whole (a kill while one was written)\n",
+                path.c_str(), static_cast<long long>(torn));
+}
+
+}  // namespace
+
+MetricsLog::MetricsLog(const Config& config, bool writer, std::optional<int64_t> resumed_at_step) {
   if (!writer) return;
   std::filesystem::create_directories(config.output_dir);
   const std::string path = config.output_dir + "/metrics.jsonl";
-  out_.open(path, append ? std::ios::app : std::ios::trunc);
+  if (resumed_at_step) drop_lines_past(path, *resumed_at_step);
+  out_.open(path, resumed_at_step ? std::ios::app : std::ios::trunc);
   DPTRAIN_CHECK(out_, path, ": cannot open for writing (check output_dir)");
 }
 

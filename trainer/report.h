@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "distributed/communicator.h"
@@ -41,8 +42,10 @@ void print_evaluation(const Config& config, int ranks, const std::string& checkp
 // metrics.jsonl in output_dir: one line per (partial) epoch; rank 0 writes, other ranks hold none.
 class MetricsLog {
  public:
-  // `append`: a resumed run continues the file of the run it resumes.
-  MetricsLog(const Config& config, bool writer, bool append);
+  // A resumed run (`resumed_at_step`: the step it goes on from) continues the file of the run it
+  // resumes, less that run's lines past the step (and any torn line): those epochs come again. Else
+  // the file starts empty.
+  MetricsLog(const Config& config, bool writer, std::optional<int64_t> resumed_at_step);
   void write(const EpochMetrics& m, int ranks);
 
  private:

@@ -167,8 +167,14 @@ void check_data_fits(const Config& c, const layers::Module& model, const data::D
                 c.model.architecture.empty() ? "give its last dense layer out_features "
                                              : "set config key model.num_classes to ",
                 train.num_classes());
-  DPTRAIN_CHECK(sampler.steps_per_epoch() > 0, "data.batch_size ", c.data.batch_size, " x ", world.size(),
-                " ranks is larger than the ", train.size(), " training samples with data.drop_last");
+  // Deterministic mode's sampler takes a step's backward passes as one batch.
+  const int64_t passes = c.distributed.deterministic ? c.distributed.backward_passes_per_step : 1;
+  DPTRAIN_CHECK(sampler.steps_per_epoch() > 0, "data.batch_size ", c.data.batch_size,
+                passes > 1 ? " x " + std::to_string(passes) + " backward passes" : std::string(), " x ",
+                world.size(), " rank(s) = ", c.data.batch_size * passes * world.size(),
+                " samples a step, more than the ", train.size(),
+                " training samples, and data.drop_last drops a short step: lower data.batch_size, or set "
+                "data.drop_last to false");
   DPTRAIN_CHECK(train.size() >= world.size(), "only ", train.size(), " training samples for ", world.size(),
                 " ranks: every rank needs at least one sample per step");
 }
@@ -375,7 +381,8 @@ TrainingResult Trainer::run() {
     if (!cleared.empty()) std::printf("%s\n", cleared.c_str());
     print_summary(config_, summary());
   }
-  MetricsLog metrics(config_, world_.is_root(), /*append=*/resumed_);
+  MetricsLog metrics(config_, world_.is_root(),
+                     resumed_ ? std::optional<int64_t>(position_.global_step) : std::nullopt);
   TrainingResult result;
   std::optional<EpochMetrics> completed_by_the_stop;
   for (int64_t epoch = position_.epochs_completed + 1;

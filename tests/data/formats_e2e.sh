@@ -75,7 +75,7 @@ case "$CASE" in
     train 2 idx mnist_mlp.json "${DATA[@]}"
     ckpt=$(ls idx/checkpoints/ckpt-*.safetensors | tail -1)
     train_args=(mnist_mlp.json "${DATA[@]}" --set 'data.dataset="image_folder"')
-    # All the exported test samples: the folder's first 1000 would be other ones (class by class).
+    # All the exported test samples: a cap of 1000 would take other ones (each class's first files).
     train_args+=(--set data.max_test_samples="$SAMPLES")
     RUN_DIR=eval launch 2 eval_idx mnist_mlp.json "${DATA[@]}" --set data.max_test_samples="$SAMPLES" --evaluate "$ckpt"
     [ "$RC" -eq 0 ] || fail "evaluation on IDX failed"

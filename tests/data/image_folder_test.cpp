@@ -122,11 +122,33 @@ TEST_F(ImageFolderTest, ConvertsResizesAndCrops) {
   EXPECT_CONTAINS(msg, path("test/only/x.png") + ": image of 8x12 is smaller than the center crop 9x4");
 }
 
-TEST_F(ImageFolderTest, KeepsTheFirstMaxSamples) {
-  for (const char* name : {"a/1.png", "a/2.png", "b/1.png"})
-    write_file(path("train/") + name, encode_png(pattern(4, 5, 3, 0)));
-  request_.max_samples = 2;
-  EXPECT_EQ(open_image_folder(request_)->size(), 2);
+// A cap takes the classes' files in turn (a, b, c, a, c, a, ...), then keeps the class-by-class order:
+// with a: 3 files, b: 1, c: 2, a cap of 4 is a/1, a/2, b/1, c/1; of 5 adds c/2; of 10, all 6.
+TEST_F(ImageFolderTest, ACapKeepsEveryClassesShare) {
+  const std::vector<std::string> names = {"a/1.png", "a/2.png", "a/3.png", "b/1.png", "c/1.png", "c/2.png"};
+  for (std::size_t i = 0; i < names.size(); ++i)
+    write_file(path("train/") + names[i], encode_png(pattern(4, 5, 3, static_cast<int>(i))));
+  const auto files_of = [&](int64_t cap) {
+    request_.max_samples = cap;
+    const auto dataset = open_image_folder(request_);
+    EXPECT_EQ(dataset->num_classes(), 3) << "cap " << cap;
+    std::vector<std::string> files;
+    std::vector<float> sample(60);
+    for (int64_t i = 0; i < dataset->size(); ++i) {
+      const int32_t label = dataset->read(i, sample.data(), nullptr);
+      for (std::size_t k = 0; k < names.size(); ++k)
+        if (sample == chw(pattern(4, 5, 3, static_cast<int>(k)))) {
+          files.push_back(names[k]);
+          EXPECT_EQ(label, names[k][0] - 'a') << names[k];
+        }
+    }
+    return files;
+  };
+  EXPECT_EQ(files_of(4), (std::vector<std::string>{"a/1.png", "a/2.png", "b/1.png", "c/1.png"}));
+  EXPECT_EQ(files_of(5), (std::vector<std::string>{"a/1.png", "a/2.png", "b/1.png", "c/1.png", "c/2.png"}));
+  EXPECT_EQ(files_of(2), (std::vector<std::string>{"a/1.png", "b/1.png"}));
+  EXPECT_EQ(files_of(10), names);
+  EXPECT_EQ(files_of(0), names);  // 0: no cap
 }
 
 TEST_F(ImageFolderTest, LayoutErrors) {

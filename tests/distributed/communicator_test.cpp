@@ -151,6 +151,29 @@ TEST(Communicator, StartAllreduceThenWait) {
   }
 }
 
+// An empty synchronous call is still a fence: the collectives started before it have completed when it
+// returns, although a late peer holds them up (rank 1 starts its side 300 ms after rank 0).
+TEST(Communicator, AnEmptySynchronousCallWaitsForTheQueuedCollectives) {
+  MpiCommunicator comm(test::world());
+  const int N = comm.size();
+  if (N == 1) GTEST_SKIP() << "needs a peer to be late: runs as ctest distributed_np2 and distributed_np4";
+  for (const bool broadcast : {false, true}) {
+    std::vector<float> sum(1000, static_cast<float>(comm.rank() + 1));
+    if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    Pending pending = comm.start_allreduce(std::span<float>(sum), ReduceOp::kSum, "test queued sum");
+    std::vector<float> empty;
+    if (broadcast) {
+      comm.broadcast(std::span<float>(empty), 0, "test empty broadcast");
+    } else {
+      comm.allreduce(std::span<float>(empty), ReduceOp::kSum, "test empty allreduce");
+    }
+    // Read before the wait: the queued sum must be complete already.
+    EXPECT_EQ(sum, std::vector<float>(1000, static_cast<float>(N * (N + 1) / 2)))
+        << (broadcast ? "empty broadcast" : "empty allreduce") << " returned before the queued sum";
+    comm.wait(pending);
+  }
+}
+
 // The half-precision sum: rank r sends (r + 1) * 0.5 (exact in fp16 and bf16); the sum
 // N (N + 1) / 4 is exact in both for N <= 4.
 TEST(Communicator, StartAllreduceHalfSumsInHalfPrecision) {
@@ -426,6 +449,8 @@ TEST(Communicator, WorldOfOneIsANoOp) {
   EXPECT_NO_THROW(self.barrier("self barrier"));
   std::vector<float> empty;
   EXPECT_NO_THROW(self.allreduce(std::span<float>(empty), ReduceOp::kSum, "self empty"));
+  // Empty spans have null data: no memcpy of them (UBSan's nonnull check, in the sanitizer build).
+  EXPECT_NO_THROW(self.allgather(std::span<const float>(), std::span<float>(), "self empty allgather"));
 }
 
 // The watchdog's warning: rank 0 joins a barrier 1.5 s late; the others, with warning_s = 0.5 and

@@ -177,6 +177,19 @@ TEST(ExactScalarSum, OrderFreeAndNaNOnInvalidTerms) {
   mine.allreduce(comm, "test sum");
   EXPECT_EQ(mine.value(), forward.value());
 
+  // Past 2^63 units, where one int64 of them wrapped: 8 terms of 2^61 a rank, exact on any number.
+  ExactScalarSum large;
+  for (int i = 0; i < 8; ++i) large.add(0x1p61);
+  large.allreduce(comm, "test sum of large terms");
+  EXPECT_EQ(large.value(), 0x1p64 * comm.size());
+  // Negative terms split exactly (-2.5 = -3 + 0.5) and cancel large ones whatever the order.
+  ExactScalarSum mixed, reversed;
+  const std::vector<double> signed_terms = {-2.5, 0x1p61, 0x1p61, -0x1p61, 1.25, -0x1p61, 0x1p-20};
+  for (double t : signed_terms) mixed.add(t);
+  for (auto it = signed_terms.rbegin(); it != signed_terms.rend(); ++it) reversed.add(*it);
+  EXPECT_EQ(mixed.value(), -1.25 + 0x1p-20);
+  EXPECT_EQ(reversed.value(), mixed.value());
+
   ExactScalarSum invalid;
   invalid.add(1.0);
   invalid.add(std::numeric_limits<double>::infinity());

@@ -162,6 +162,52 @@ TEST(StateSync, VerifyIdenticalThrowsNamingTheRankThatDiffers) {
   EXPECT_NE(message.find("rank(s) " + std::to_string(culprit)), std::string::npos) << message;
 }
 
+// Another layout on one rank, the last: every rank throws (none is left waiting in a broadcast), that
+// rank naming its own layout, the others naming it. Buffers of the same number and total but in
+// another order ({0, 8} against {8, 0}: the empty one makes no call), and another count of scalars.
+TEST(StateSync, BroadcastStateRefusesAnotherLayoutOnEveryRank) {
+  if (test::size() == 1) GTEST_SKIP() << "needs two ranks";
+  MpiCommunicator comm(test::world());
+  const int culprit = test::size() - 1;
+  const bool odd_one = test::rank() == culprit;
+  const auto message_of = [&](const std::vector<Tensor>& buffers, std::span<int64_t> scalars) {
+    try {
+      broadcast_state(comm, buffers, scalars);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  int64_t scalars[2] = {1, 2};
+  const Tensor empty = Tensor::zeros({0}), eight = Tensor::zeros({8});
+  const std::vector<Tensor> in_order = {empty, eight}, reversed = {eight, empty};
+  const std::string swapped = message_of(odd_one ? reversed : in_order, std::span<int64_t>(scalars));
+  const std::string fewer_scalars =
+      message_of(in_order, std::span<int64_t>(scalars, odd_one ? std::size_t{1} : std::size_t{2}));
+  for (const std::string& message : {swapped, fewer_scalars}) {
+    ASSERT_FALSE(message.empty()) << "rank " << test::rank() << " did not throw";
+    if (odd_one) {
+      EXPECT_NE(message.find("rank " + std::to_string(culprit) + " has 2 state buffers of 8 elements and "),
+                std::string::npos)
+          << message;
+    } else {
+      EXPECT_NE(message.find("rank(s) " + std::to_string(culprit) + " hold state buffers laid out otherwise"),
+                std::string::npos)
+          << message;
+    }
+    EXPECT_NE(message.find("all ranks must run the same config"), std::string::npos) << message;
+  }
+  if (odd_one) {
+    EXPECT_NE(swapped.find("(the buffers' sizes differ)"), std::string::npos) << swapped;
+    EXPECT_NE(fewer_scalars.find("and 1 counter(s), rank 0 2 of 8 and 2; "), std::string::npos)
+        << fewer_scalars;
+  }
+  // The same layout again: nothing left over from the refusals, the broadcast goes through.
+  std::vector<Tensor> mine = {empty, Tensor::full({8}, static_cast<float>(test::rank()))};
+  EXPECT_EQ(message_of(mine, std::span<int64_t>(scalars)), "");
+  EXPECT_EQ(mine[1].to_vector(), std::vector<float>(8, 0.0f));
+}
+
 // A world of one: broadcast_state leaves everything as it is and verify_identical just hashes.
 TEST(StateSync, WorldOfOneIsANoOp) {
   Replica rep(static_cast<uint64_t>(test::rank()) + 7);

@@ -1,6 +1,6 @@
 // LrSchedule against formulas written out here: linear scaling (Goyal et al.: lr x world size x
-// backward passes per step), Horovod's per-batch warmup from lr to the scaled lr, and step and
-// cosine decay after the warmup.
+// backward passes per step), Horovod's per-batch warmup from the scaled lr / ranks to the scaled lr,
+// and step and cosine decay after the warmup.
 #include "optim/schedule.h"
 
 #include <gtest/gtest.h>
@@ -99,6 +99,26 @@ TEST(lr_schedule, StepDecayMultipliesByGammaEveryStepSizeAfterWarmup) {
   EXPECT_NEAR(s.at(7.0), scaled * 0.25, kRel);
   EXPECT_NEAR(s.at(10.2), scaled * 0.125, kRel);
   EXPECT_NEAR(s.at(0.5), horovod_warmup(scaled, 2, 1, 0.5), kRel);  // warmup first
+}
+
+// The trainer asks at epoch - 1 + samples / dataset size, and a boundary may come out a rounding short:
+// with 60000 samples and warmup 0.4, sample 24000 of epoch 2 is 1.4, and 1.4 - 0.4 is
+// 0.9999999999999999; 0.3 / 0.1 is 2.9999999999999996. The decay still comes at that sample, and not
+// one sample earlier.
+TEST(lr_schedule, StepDecayAtBoundariesThatRoundShort) {
+  ScheduleOptions o = options(0.1, LrScaling::kNone, 1);
+  o.decay = Decay::kStep;
+  o.gamma = 0.1;
+  o.warmup_epochs = 0.4;
+  const double at_boundary = 1 + 24000.0 / 60000, sample_before = 1 + 23999.0 / 60000;
+  ASSERT_LT(at_boundary - 0.4, 1.0) << "the example no longer rounds short";
+  EXPECT_NEAR(LrSchedule(o).at(at_boundary), 0.01, kRel);
+  EXPECT_NEAR(LrSchedule(o).at(sample_before), 0.1, kRel);
+  o.warmup_epochs = 0;
+  o.step_size_epochs = 0.1;
+  ASSERT_LT(0.3 / 0.1, 3.0);
+  EXPECT_NEAR(LrSchedule(o).at(0.3), 0.1 * 1e-3, kRel);
+  EXPECT_NEAR(LrSchedule(o).at(0.3 - 1.0 / 60000), 0.1 * 1e-2, kRel);
 }
 
 TEST(lr_schedule, CosineFromScaledLrToMinLrOverTheEpochsAfterWarmup) {

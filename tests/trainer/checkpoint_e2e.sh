@@ -48,6 +48,12 @@ MLP_DROPOUT='[{"type":"flatten"},{"type":"dense","out_features":128},{"type":"re
 ADAM=(mnist_mlp.json "${SMALL[@]}" --set "model.layers=$MLP_DROPOUT" --set training.epochs="$(pick 4 2)"
       --set checkpoint.every_steps=25 --set checkpoint.every_epochs=0)
 
+# The "epoch step" pairs of run NAME's metrics.jsonl, a line each.
+epoch_steps() {
+  paste -d' ' <(grep -o '"epoch":[0-9]*' "$SCRATCH/$1/metrics.jsonl" | cut -d: -f2) \
+    <(grep -o '"step":[0-9]*' "$SCRATCH/$1/metrics.jsonl" | cut -d: -f2)
+}
+
 # exact_resume NAME KILL_STEP EXPECTED_CHECKPOINT_STEP CONFIG...: straight run vs killed + resumed.
 exact_resume() {
   local name=$1 kill_at=$2 expect_step=$3
@@ -63,6 +69,16 @@ exact_resume() {
     fail "expected to resume from step $expect_step, got '$from'"
   cmp "straight/model.safetensors" "$name/model.safetensors" || fail "resumed weights differ from the straight run's"
   echo "  final weights bitwise identical to the straight run's ($(grep -c . "$SCRATCH/$name/metrics.jsonl") metric lines)"
+  # One line per epoch, as the straight run's: those the killed run wrote past the resumed step are
+  # dropped by the resume (resume_exact_adam: epoch 2's, written at step 128, resumed from 125).
+  [ "$(epoch_steps "$name")" = "$(epoch_steps straight)" ] ||
+    fail "metrics.jsonl's (epoch, step) lines differ from the straight run's: $(epoch_steps "$name" | tr '\n' ' ')"
+  # The lines the killed run wrote after its checkpoint, as the straight run's lines count them.
+  local past=$(epoch_steps straight | awk -v from="$expect_step" -v k="$kill_at" '$2 > from && $2 <= k' | wc -l)
+  if [ "$past" -gt 0 ]; then
+    grep -q "metrics.jsonl: dropped $past line(s) past step $expect_step" "${name}_resumed.out" ||
+      fail "the resume did not say it dropped the killed run's $past line(s) past step $expect_step"
+  fi
   local kept=$(ls "$SCRATCH/$name/checkpoints" | grep -c '^ckpt-')
   [ "$kept" -le 3 ] || fail "checkpoint.keep 3 left $kept checkpoints"
 }

@@ -232,6 +232,19 @@ TEST_F(TrainerCliData, FewerOutputsThanClasses) {
       {"the model has 5 outputs and data.dataset \"mnist\" has 10 classes", "out_features 10"});
 }
 
+// The samples a step with data.drop_last, as the sampler counts them: deterministic mode takes a step's
+// backward passes as one batch (2 x 3 > 4 here, where 2 alone is not).
+TEST_F(TrainerCliData, DropLastWithAStepLargerThanTheData) {
+  expect_one_line_error(args() + " --set data.drop_last=true --set data.batch_size=8",
+                        {"data.batch_size 8 x 1 rank(s) = 8 samples a step, more than the 4 training samples",
+                         "lower data.batch_size, or set data.drop_last to false"});
+  expect_one_line_error(
+      args() +
+          " --set data.drop_last=true --set data.batch_size=2 --set distributed.deterministic=true "
+          "--set distributed.backward_passes_per_step=3 --set distributed.deterministic_micro_batch=2",
+      {"data.batch_size 2 x 3 backward passes x 1 rank(s) = 6 samples a step"});
+}
+
 TEST_F(TrainerCliData, WrongImageSizeForTheModel) {
   write_idx("train-images-idx3-ubyte", 0x0803, {4, 14, 14});
   write_idx("t10k-images-idx3-ubyte", 0x0803, {2, 14, 14});
